@@ -1,0 +1,16 @@
+"""Codecs: what ccl's collectives compress each chunk with.
+
+Use :func:`get_codec` to build one by id (``"none"``, ``"fp16"``, ``"bf16"``,
+...) or from a numcodecs-style config dict; subclass :class:`Codec` and
+decorate with :func:`register_codec` to add one.
+"""
+
+from .base import (CodecContext, Codec, Header, HEADER_SIZE, FLAG_NONFINITE, FLAG_OVERFLOW,
+                   get_codec, register_codec, registered_codecs)
+from .casts import BF16Codec, FP16Codec, NoneCodec
+
+__all__ = [
+    "Codec", "CodecContext", "Header", "HEADER_SIZE", "FLAG_NONFINITE", "FLAG_OVERFLOW",
+    "get_codec", "register_codec", "registered_codecs",
+    "NoneCodec", "FP16Codec", "BF16Codec",
+]

@@ -1,0 +1,564 @@
+"""The codec contract, the payload header, and the codec registry.
+
+A codec turns a 1-D float array into a self-describing ``uint8`` payload and
+back. Its configuration is the set of its public instance attributes (the
+constructor arguments under the same names); ``get_config()``,
+``from_config()``, equality and ``repr`` all follow from that one rule, as in
+numcodecs. Private state starts with ``_``.
+
+Every payload starts with the 32-byte :class:`Header`; a subclass only writes
+and reads the *body*. The base class owns what is common to every codec:
+
+* input checks (dtype, flattening, non-contiguous input is copied);
+* the non-finite policy: a chunk whose input holds NaN or Inf encodes to a
+  header-only payload flagged ``NONFINITE`` that decodes to NaN everywhere,
+  and combines with anything into ``NONFINITE``;
+* the overflow flag: a codec whose format cannot hold a value (fp16 above
+  65504, an integer lane that would wrap) flags ``OVERFLOW`` instead of
+  returning a saturated result; the collectives raise
+  :class:`ccl.CompressionOverflowError` on every rank;
+* validation of the header (magic, version, codec, configuration hash,
+  element count, body length) before any kernel touches the body.
+
+Homomorphic codecs (``homomorphic = True``) also implement :meth:`Codec._add`,
+which adds two payloads without decoding them, and may ask for parameters
+agreed by all ranks: :meth:`Codec.shared_stats` returns a few float64 numbers
+per chunk that the collective reduces with ``MAX`` across ranks and hands
+back as ``ctx.shared``.
+"""
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._jit import njit
+from ..errors import CompressionOverflowError, PayloadError
+
+__all__ = [
+    "Codec",
+    "CodecContext",
+    "Header",
+    "HEADER_SIZE",
+    "FLAG_NONFINITE",
+    "FLAG_OVERFLOW",
+    "register_codec",
+    "get_codec",
+    "registered_codecs",
+]
+
+MAGIC = b"\xcc\x1d"
+FORMAT_VERSION = 1
+FLAG_NONFINITE = 1
+FLAG_OVERFLOW = 2
+_KNOWN_FLAGS = FLAG_NONFINITE | FLAG_OVERFLOW
+# A header-only (flagged) payload cannot prove its element count by its size;
+# without an expected count (CodecContext.n) larger claims are refused.
+MAX_UNCHECKED_ELEMENTS = 1 << 32
+
+# magic, version, wire id, flags, dtype code, reserved, contributors,
+# config hash, element count, body length
+_HEADER = struct.Struct("<2sBBBBHIIQQ")
+HEADER_SIZE = _HEADER.size  # 32
+
+_DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2}
+_CODE_DTYPES = {code: dt for dt, code in _DTYPE_CODES.items()}
+
+
+@dataclass(frozen=True)
+class Header:
+    """The fixed 32-byte header that starts every payload.
+
+    Attributes
+    ----------
+    wire_id : int
+        The codec's numeric id (``Codec.wire_id``).
+    flags : int
+        Bit 0 ``NONFINITE`` (decodes to NaN), bit 1 ``OVERFLOW``.
+    dtype : numpy.dtype
+        The dtype that :meth:`Codec.decode` returns.
+    contributors : int
+        How many encoded inputs were summed into this payload (1 when fresh).
+    config_hash : int
+        CRC32 of the codec configuration; a payload from a codec configured
+        differently is rejected.
+    n : int
+        Number of elements the payload decodes to.
+    body_len : int
+        Bytes after the header.
+    """
+
+    wire_id: int
+    flags: int
+    dtype: np.dtype
+    contributors: int
+    config_hash: int
+    n: int
+    body_len: int
+
+    def pack(self):
+        """Return the header as 32 bytes."""
+        return _HEADER.pack(MAGIC, FORMAT_VERSION, self.wire_id, self.flags,
+                            _DTYPE_CODES[np.dtype(self.dtype)], 0, self.contributors,
+                            self.config_hash, self.n, self.body_len)
+
+    @classmethod
+    def unpack(cls, payload):
+        """Parse and validate the header of ``payload`` (a 1-D uint8 array).
+
+        Raises
+        ------
+        PayloadError
+            If the payload is too short, has the wrong magic or version, an
+            unknown flag or dtype code, or a body length that disagrees with
+            its size.
+        """
+        if not isinstance(payload, np.ndarray) or payload.dtype != np.uint8 or payload.ndim != 1:
+            raise PayloadError("a payload must be a 1-D numpy uint8 array")
+        if payload.size < HEADER_SIZE:
+            raise PayloadError(f"payload of {payload.size} bytes is shorter than the "
+                               f"{HEADER_SIZE}-byte header")
+        (magic, version, wire_id, flags, dtype_code, _reserved, contributors,
+         config_hash, n, body_len) = _HEADER.unpack(payload[:HEADER_SIZE].tobytes())
+        if magic != MAGIC:
+            raise PayloadError("not a ccl payload (bad magic)")
+        if version != FORMAT_VERSION:
+            raise PayloadError(f"payload format version {version} is not supported "
+                               f"(this ccl reads version {FORMAT_VERSION})")
+        if flags & ~_KNOWN_FLAGS:
+            raise PayloadError(f"unknown payload flags {flags:#x}")
+        if dtype_code not in _CODE_DTYPES:
+            raise PayloadError(f"unknown dtype code {dtype_code}")
+        if contributors < 1:
+            raise PayloadError("payload claims zero contributors")
+        if body_len != payload.size - HEADER_SIZE:
+            raise PayloadError(f"payload body is {payload.size - HEADER_SIZE} bytes but the "
+                               f"header says {body_len}")
+        return cls(wire_id, flags, _CODE_DTYPES[dtype_code], contributors, config_hash, n,
+                   body_len)
+
+
+def _seed_words(value):
+    """Map an int, str or None to a 32-bit word for seeding, identically on every rank."""
+    if value is None:
+        return 0
+    if isinstance(value, (int, np.integer)):
+        return int(value) & 0xFFFFFFFF
+    return zlib.crc32(str(value).encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class CodecContext:
+    """Where an encode happens: what a codec needs to seed and agree.
+
+    Collectives build one per encode; standalone ``codec.encode(x)`` uses the
+    default (step 0, rank 0, no agreed parameters).
+
+    Attributes
+    ----------
+    step : int
+        Call counter of the key (or of the communicator for keyless calls).
+    key : str or None
+        The user's key for this tensor.
+    chunk : int
+        Which chunk of the tensor is being encoded.
+    rank : int
+        The encoding rank (seeds per-rank randomness such as stochastic rounding).
+    shared : numpy.ndarray or None
+        For codecs with :meth:`Codec.shared_stats`: this chunk's statistics
+        reduced with MAX over all ranks. ``None`` means "use the local ones".
+    n : int or None
+        The element count the receiver expects; a payload claiming another
+        count is a :class:`ccl.PayloadError` before anything is allocated.
+    """
+
+    step: int = 0
+    key: object = None
+    chunk: int = 0
+    rank: int = 0
+    shared: object = field(default=None, compare=False)
+    n: object = None
+
+    def seed(self, base_seed, per_rank=False):
+        """Return a 64-bit seed derived from ``(base_seed, step, key, chunk[, rank])``.
+
+        The same arguments give the same seed on every rank, so shared
+        randomness (rotations, random-k indices) agrees without
+        communication; ``per_rank=True`` mixes in the rank for independent
+        draws (stochastic rounding).
+        """
+        words = [_seed_words(base_seed), _seed_words(self.step), _seed_words(self.key),
+                 _seed_words(self.chunk), (self.rank + 1) if per_rank else 0]
+        state = np.random.SeedSequence(words).generate_state(2, dtype=np.uint32)
+        return (int(state[0]) | (int(state[1]) << 32)) & 0x7FFFFFFFFFFFFFFF
+
+    def rng(self, base_seed, per_rank=False):
+        """Return a numpy ``Generator`` seeded by :meth:`seed`."""
+        return np.random.Generator(np.random.Philox(self.seed(base_seed, per_rank)))
+
+
+@njit
+def _nonfinite_probe(x):
+    # inf - inf and nan - nan are nan; finite - finite is 0. No early exit, so it streams.
+    acc = 0.0
+    for i in range(x.size):
+        acc += x[i] - x[i]
+    return acc
+
+
+def all_finite(x):
+    """Return True when the 1-D float array ``x`` holds no NaN or Inf."""
+    if x.size == 0:
+        return True
+    if x.dtype == np.float16:
+        return bool(np.isfinite(x).all())
+    return _nonfinite_probe(x) == 0.0
+
+
+_REGISTRY = {}
+_WIRE_IDS = {}
+
+
+class Codec:
+    """Base class of every codec.
+
+    Subclasses set the class attributes below, store their parameters as
+    public attributes in ``__init__`` (validating them eagerly with
+    ``ValueError``), and implement :meth:`_encode` and :meth:`_decode`
+    (plus :meth:`_add` if homomorphic).
+
+    Class attributes
+    ----------------
+    codec_id : str
+        Lower-case id used by :func:`get_codec` and in configs.
+    wire_id : int
+        Unique id 1..255 written into every payload header.
+    homomorphic : bool
+        Payloads can be added in the compressed domain (:meth:`add`).
+    error_feedback : bool
+        Lossy points keep a residual (False for exact or cast codecs).
+    predivide_mean : bool
+        For ``op="mean"``, divide the input by the rank count before encoding
+        (low-precision formats, to avoid overflow) instead of dividing the
+        decoded sum.
+    sparse : bool
+        Payload size varies with the data (``auto`` prefers ``allgather``).
+    input_dtypes : tuple of numpy dtypes
+        Accepted input dtypes; others raise ``TypeError``.
+    """
+
+    codec_id = None
+    wire_id = None
+    homomorphic = False
+    error_feedback = True
+    predivide_mean = False
+    sparse = False
+    input_dtypes = (np.dtype(np.float32), np.dtype(np.float64))
+
+    # ----------------------------------------------------------- configuration
+    def get_config(self):
+        """Return the configuration as a JSON-serialisable dict with an ``"id"``."""
+        public = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        return {"id": self.codec_id, **public}
+
+    @classmethod
+    def from_config(cls, config):
+        """Build a codec from :meth:`get_config` output (the dict is not modified)."""
+        config = dict(config)
+        codec_id = config.pop("id", cls.codec_id)
+        if codec_id != cls.codec_id:
+            raise ValueError(f"config is for codec {codec_id!r}, not {cls.codec_id!r}")
+        return cls(**config)
+
+    @property
+    def config_hash(self):
+        """CRC32 of the canonical JSON configuration (written into payload headers)."""
+        cached = self.__dict__.get("_config_hash")
+        if cached is None:
+            text = json.dumps(self.get_config(), sort_keys=True, default=str)
+            cached = zlib.crc32(text.encode("utf-8"))
+            self.__dict__["_config_hash"] = cached
+        return cached
+
+    def __setattr__(self, name, value):
+        # Changing a parameter changes the configuration: forget the cached hash.
+        if not name.startswith("_"):
+            self.__dict__.pop("_config_hash", None)
+        object.__setattr__(self, name, value)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.get_config() == other.get_config()
+
+    def __hash__(self):
+        return hash((type(self), self.config_hash))
+
+    def __repr__(self):
+        params = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "id")
+        return f"{type(self).__name__}({params})"
+
+    # ------------------------------------------------------------ public API
+    def encode(self, x, ctx=None):
+        """Encode a float array into a self-describing uint8 payload.
+
+        Parameters
+        ----------
+        x : numpy.ndarray
+            Input of any shape (flattened in C order); dtype must be one of
+            ``input_dtypes``.
+        ctx : CodecContext, optional
+            Seeds and agreed parameters; collectives pass one per chunk.
+
+        Returns
+        -------
+        numpy.ndarray
+            1-D ``uint8`` payload: a 32-byte header and the codec's body.
+
+        Raises
+        ------
+        TypeError
+            If ``x`` is not an array of an accepted dtype.
+        """
+        x = self.check_input(x)
+        ctx = CodecContext() if ctx is None else ctx
+        if not all_finite(x) or (ctx.shared is not None and not np.isfinite(ctx.shared).all()):
+            return self.flagged_payload(x.size, FLAG_NONFINITE)
+        body, flags = self._encode(x, ctx)
+        return self.pack(body, x.size, flags=flags, dtype=self.decoded_dtype(x.dtype))
+
+    def decode(self, payload, ctx=None):
+        """Decode a payload made by :meth:`encode` (or :meth:`add`).
+
+        Parameters
+        ----------
+        payload : numpy.ndarray
+            1-D ``uint8`` payload.
+        ctx : CodecContext, optional
+            The context the payload was encoded with (codecs with shared
+            randomness need the same step, key and chunk).
+
+        Returns
+        -------
+        numpy.ndarray
+            1-D array of ``header.n`` elements; all NaN for a ``NONFINITE``
+            payload.
+
+        Raises
+        ------
+        PayloadError
+            If the payload is malformed, truncated or made by another codec
+            or configuration.
+        CompressionOverflowError
+            If the payload is flagged ``OVERFLOW``.
+        """
+        values, header = self.decode_with_header(payload, ctx)
+        if header.flags & FLAG_OVERFLOW:
+            raise CompressionOverflowError(
+                f"codec {self.codec_id!r}: a sum overflowed the compressed format")
+        return values
+
+    def decode_with_header(self, payload, ctx=None):
+        """Decode without raising on ``OVERFLOW`` (flagged payloads decode to NaN).
+
+        Collectives use this so that every rank can first finish the
+        exchange and then raise together.
+
+        Returns
+        -------
+        values : numpy.ndarray
+        header : Header
+        """
+        header = self.read_header(payload)
+        ctx = CodecContext() if ctx is None else ctx
+        if ctx.n is not None and header.n != ctx.n:
+            raise PayloadError(f"payload holds {header.n} elements, expected {ctx.n}")
+        if header.flags:
+            if header.body_len:
+                raise PayloadError("a flagged payload must have an empty body")
+            if ctx.n is None and header.n > MAX_UNCHECKED_ELEMENTS:
+                raise PayloadError(f"flagged payload claims {header.n} elements; pass "
+                                   "CodecContext(n=...) to decode payloads this large")
+            return np.full(header.n, np.nan, dtype=header.dtype), header
+        values = self._decode(header, payload[HEADER_SIZE:], ctx)
+        if values.shape != (header.n,):
+            raise PayloadError(f"codec {self.codec_id!r} decoded {values.size} elements, "
+                               f"header says {header.n}")
+        return values, header
+
+    def add(self, a, b, ctx=None):
+        """Add two payloads in the compressed domain (homomorphic codecs only).
+
+        ``decode(add(a, b)) == decode(a) + decode(b)`` (exactly, or to the
+        codec's documented rounding). Flags combine: ``NONFINITE`` wins over
+        everything, ``OVERFLOW`` over data.
+
+        Raises
+        ------
+        TypeError
+            If the codec is not homomorphic.
+        PayloadError
+            If a payload is malformed or the two hold different element counts.
+        """
+        if not self.homomorphic:
+            raise TypeError(f"codec {self.codec_id!r} is not homomorphic: decode, add and "
+                            "re-encode instead")
+        ha, hb = self.read_header(a), self.read_header(b)
+        if ha.n != hb.n:
+            raise PayloadError(f"cannot add payloads of {ha.n} and {hb.n} elements")
+        contributors = ha.contributors + hb.contributors
+        if contributors > 0xFFFFFFFF:
+            raise PayloadError("too many contributors for one payload")
+        flags = ha.flags | hb.flags
+        if flags:
+            flag = FLAG_NONFINITE if flags & FLAG_NONFINITE else FLAG_OVERFLOW
+            return self.flagged_payload(ha.n, flag, contributors, dtype=ha.dtype)
+        ctx = CodecContext() if ctx is None else ctx
+        return self._add(ha, a[HEADER_SIZE:], hb, b[HEADER_SIZE:], ctx)
+
+    def shared_stats(self, x):
+        """Statistics of a chunk that all ranks must agree on (reduced with MAX).
+
+        Returns a 1-D float64 array (empty by default). The collective calls
+        this on each rank's chunk input (after error feedback), takes the
+        element-wise maximum over ranks, and passes it as ``ctx.shared``.
+        """
+        return np.empty(0, dtype=np.float64)
+
+    # ------------------------------------------------------ helpers for codecs
+    def check_input(self, x):
+        """Return ``x`` as a 1-D contiguous array of an accepted dtype, or raise TypeError."""
+        if not hasattr(x, "dtype") or not hasattr(x, "shape"):
+            raise TypeError(f"codec {self.codec_id!r} encodes arrays, got {type(x).__name__}")
+        x = np.asarray(x)
+        if x.dtype not in self.input_dtypes:
+            accepted = ", ".join(str(d) for d in self.input_dtypes)
+            raise TypeError(f"codec {self.codec_id!r} accepts {accepted}; got {x.dtype}")
+        return np.ascontiguousarray(x).reshape(-1)
+
+    def decoded_dtype(self, input_dtype):
+        """The dtype :meth:`decode` returns for input of ``input_dtype`` (float32 by default)."""
+        return np.dtype(np.float32)
+
+    def read_header(self, payload):
+        """Validate ``payload``'s header for this codec and return it."""
+        header = Header.unpack(payload)
+        if header.wire_id != self.wire_id:
+            other = _WIRE_IDS.get(header.wire_id)
+            name = repr(other.codec_id) if other else f"unknown id {header.wire_id}"
+            raise PayloadError(f"payload was made by codec {name}, not {self.codec_id!r}")
+        if header.config_hash != self.config_hash:
+            raise PayloadError(f"payload was made by a {self.codec_id!r} codec with another "
+                               "configuration")
+        return header
+
+    def pack(self, body, n, flags=0, contributors=1, dtype=np.float32):
+        """Prepend a header to ``body`` (bytes or a uint8 array) and return the payload."""
+        body = np.frombuffer(body, dtype=np.uint8) if isinstance(body, (bytes, bytearray)) \
+            else np.asarray(body, dtype=np.uint8).reshape(-1)
+        header = Header(self.wire_id, flags, np.dtype(dtype), contributors, self.config_hash,
+                        int(n), body.size)
+        out = np.empty(HEADER_SIZE + body.size, dtype=np.uint8)
+        out[:HEADER_SIZE] = np.frombuffer(header.pack(), dtype=np.uint8)
+        out[HEADER_SIZE:] = body
+        return out
+
+    def flagged_payload(self, n, flag, contributors=1, dtype=np.float32):
+        """A header-only payload flagged ``NONFINITE`` or ``OVERFLOW``."""
+        return self.pack(b"", n, flags=flag, contributors=contributors, dtype=dtype)
+
+    # --------------------------------------------------------- subclass hooks
+    def _encode(self, x, ctx):
+        """Encode finite 1-D ``x``; return ``(body, flags)``."""
+        raise NotImplementedError
+
+    def _decode(self, header, body, ctx):
+        """Decode ``body`` (validated header) into ``header.n`` elements."""
+        raise NotImplementedError
+
+    def _add(self, ha, a_body, hb, b_body, ctx):
+        """Add two unflagged payload bodies; return a full payload."""
+        raise NotImplementedError
+
+
+def register_codec(cls):
+    """Register a :class:`Codec` subclass under its ``codec_id`` (usable as a decorator).
+
+    Raises
+    ------
+    ValueError
+        If the id is not lower case, or the id or wire id is taken by another class.
+    """
+    codec_id, wire_id = cls.codec_id, cls.wire_id
+    if not isinstance(codec_id, str) or codec_id != codec_id.lower() or not codec_id:
+        raise ValueError(f"codec_id must be a non-empty lower-case string, got {codec_id!r}")
+    if not isinstance(wire_id, int) or not 1 <= wire_id <= 255:
+        raise ValueError(f"wire_id must be an int in 1..255, got {wire_id!r}")
+    for table, name in ((_REGISTRY, codec_id), (_WIRE_IDS, wire_id)):
+        existing = table.get(name)
+        if existing is not None and existing is not cls:
+            raise ValueError(f"codec {name!r} is already registered by {existing.__name__}")
+    _REGISTRY[codec_id] = cls
+    _WIRE_IDS[wire_id] = cls
+    return cls
+
+
+def registered_codecs():
+    """Return the registered codec ids, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_codec(spec=None, **params):
+    """Return a codec from an id, a numcodecs-style config dict, or a codec.
+
+    Parameters
+    ----------
+    spec : str, dict, Codec or None
+        ``"3lc"``; ``{"id": "3lc", "s": 1.5}`` (not modified); a :class:`Codec`
+        (returned as is); ``None`` means ``"none"`` (no compression).
+    **params
+        Codec parameters when ``spec`` is an id.
+
+    Returns
+    -------
+    Codec
+
+    Raises
+    ------
+    ValueError
+        For an unknown id (the message lists the known ones) or bad parameters.
+    TypeError
+        For a spec of another type, or parameters given with a config or codec.
+
+    Examples
+    --------
+    >>> from ccl.codecs import get_codec
+    >>> get_codec("fp16")
+    FP16Codec()
+    >>> get_codec({"id": "none"}) == get_codec("none")
+    True
+    """
+    if isinstance(spec, Codec):
+        if params:
+            raise TypeError("parameters cannot be given together with a Codec instance")
+        return spec
+    if spec is None:
+        spec = "none"
+    if isinstance(spec, dict):
+        if params:
+            raise TypeError("parameters cannot be given together with a config dict")
+        config = dict(spec)
+        if "id" not in config:
+            raise ValueError("a codec config dict needs an 'id' key, e.g. {'id': 'fp16'}")
+        codec_id = config.pop("id")
+        params = config
+    elif isinstance(spec, str):
+        codec_id = spec
+    else:
+        raise TypeError(f"codec must be an id string, a config dict, a Codec or None; "
+                        f"got {type(spec).__name__}")
+    cls = _REGISTRY.get(str(codec_id).lower())
+    if cls is None:
+        raise ValueError(f"unknown codec {codec_id!r}; known codecs: "
+                         f"{', '.join(registered_codecs())}")
+    return cls(**params)

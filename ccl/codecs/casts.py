@@ -1,0 +1,121 @@
+"""Lossless and cast codecs: ``none``, ``fp16`` and ``bf16``.
+
+All three are homomorphic: relays add decoded partial sums in float32 (or the
+input's dtype for ``none``) and re-cast. ``fp16`` and ``bf16`` pre-divide for
+``op="mean"`` so that a sum of many ranks does not overflow the narrow
+format, and flag ``OVERFLOW`` (never a silent Inf) when a finite value does
+not fit.
+"""
+
+import numpy as np
+
+from .._jit import njit, prange
+from ..errors import PayloadError
+from .base import FLAG_OVERFLOW, Codec, register_codec
+
+__all__ = ["NoneCodec", "FP16Codec", "BF16Codec"]
+
+
+class _CastCodec(Codec):
+    """Shared behaviour of codecs that send each value in a fixed-width format."""
+
+    homomorphic = True
+    error_feedback = False
+
+    def _add(self, ha, a_body, hb, b_body, ctx):
+        total = self._decode(ha, a_body, ctx) + self._decode(hb, b_body, ctx)
+        body, flags = self._encode(total, ctx)
+        return self.pack(body, ha.n, flags=flags, contributors=ha.contributors + hb.contributors,
+                         dtype=ha.dtype)
+
+    def _check_body(self, header, body, itemsize):
+        if body.size != header.n * itemsize:
+            raise PayloadError(f"codec {self.codec_id!r}: body of {body.size} bytes for "
+                               f"{header.n} elements of {itemsize} bytes")
+
+
+@register_codec
+class NoneCodec(_CastCodec):
+    """No compression: values travel in the input's own dtype.
+
+    With an explicit algorithm the result equals the exact sum to the
+    input dtype's rounding; with ``algorithm="auto"`` the collectives hand
+    the array to the MPI library's own ``Allreduce``.
+    """
+
+    codec_id = "none"
+    wire_id = 1
+    input_dtypes = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
+
+    def decoded_dtype(self, input_dtype):
+        return np.dtype(input_dtype)
+
+    def _encode(self, x, ctx):
+        return x.view(np.uint8), 0
+
+    def _decode(self, header, body, ctx):
+        self._check_body(header, body, header.dtype.itemsize)
+        return body.view(header.dtype).copy()
+
+
+@register_codec
+class FP16Codec(_CastCodec):
+    """IEEE half precision: 16 bits per value, 2x smaller than float32.
+
+    Values above 65504 in magnitude do not fit: the payload is flagged
+    ``OVERFLOW`` and the collective raises
+    :class:`ccl.CompressionOverflowError` on every rank. ``op="mean"``
+    divides before the cast, which keeps averaged gradients in range.
+    """
+
+    codec_id = "fp16"
+    wire_id = 2
+    predivide_mean = True
+
+    def _encode(self, x, ctx):
+        with np.errstate(over="ignore"):  # overflow is reported by the flag below
+            half = x.astype(np.float16)
+        if not np.isfinite(half).all():
+            return np.empty(0, np.uint8), FLAG_OVERFLOW
+        return half.view(np.uint8), 0
+
+    def _decode(self, header, body, ctx):
+        self._check_body(header, body, 2)
+        return body.view(np.float16).astype(np.float32)
+
+
+@njit(parallel=True)
+def _to_bf16(x, out):
+    # Round to nearest, ties to even, on the top 16 bits of the float32 pattern.
+    bits = x.view(np.uint32)
+    overflow = False
+    for i in prange(x.size):
+        u = bits[i]
+        rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+        out[i] = np.uint16(rounded)
+        if (rounded & np.uint32(0x7F80)) == np.uint32(0x7F80):
+            overflow = True
+    return overflow
+
+
+@register_codec
+class BF16Codec(_CastCodec):
+    """bfloat16: float32's exponent range with 8 bits of mantissa, 16 bits per value.
+
+    Sent as bytes: the PyPI MPI wheels have no bfloat16 datatype.
+    """
+
+    codec_id = "bf16"
+    wire_id = 3
+    predivide_mean = True
+
+    def _encode(self, x, ctx):
+        x32 = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty(x32.size, dtype=np.uint16)
+        if x32.size and _to_bf16(x32, out):
+            return np.empty(0, np.uint8), FLAG_OVERFLOW
+        return out.view(np.uint8), 0
+
+    def _decode(self, header, body, ctx):
+        self._check_body(header, body, 2)
+        return (body.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
