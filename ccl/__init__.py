@@ -1,8 +1,50 @@
-"""ccl: MPI collectives that compress what they send."""
+"""ccl: MPI collectives that compress what they send.
+
+>>> import ccl
+>>> sorted(ccl.__all__)[:3]
+['CCLError', 'Communicator', 'CompressionOverflowError']
+"""
 
 from . import codecs
+from .api import Communicator, allgather, compressed_allreduce, reduce_scatter
 from .errors import (CCLError, CompressionOverflowError, MismatchError, NonFiniteError,
                      PayloadError)
 
-__all__ = ["codecs", "CCLError", "PayloadError", "MismatchError", "NonFiniteError",
-           "CompressionOverflowError"]
+__version__ = "0.1.0"
+
+__all__ = [
+    "compressed_allreduce", "reduce_scatter", "allgather", "Communicator", "codecs",
+    "warmup", "CCLError", "PayloadError", "MismatchError", "NonFiniteError",
+    "CompressionOverflowError", "__version__",
+]
+
+
+def warmup(codec_ids=None):
+    """Compile every codec's kernels now, on tiny arrays, instead of on first use.
+
+    Numba compiles a kernel on its first call, which can take seconds; call
+    this once per process (or once per node with ``CCL_NUMBA_CACHE=1``)
+    before timing anything.
+
+    Parameters
+    ----------
+    codec_ids : iterable of str, optional
+        Codecs to warm (default: every registered codec).
+
+    Examples
+    --------
+    >>> import ccl
+    >>> ccl.warmup(["fp16", "bf16"])
+    """
+    import numpy as np
+
+    for codec_id in codec_ids or codecs.registered_codecs():
+        codec = codecs.get_codec(codec_id)
+        for dtype in (np.float32, np.float64):
+            if np.dtype(dtype) not in codec.input_dtypes:
+                continue
+            x = np.linspace(-1, 1, 67, dtype=dtype)
+            payload = codec.encode(x)
+            codec.decode(payload)
+            if codec.homomorphic:
+                codec.decode(codec.add(payload, payload))

