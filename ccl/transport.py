@@ -59,6 +59,7 @@ class Channel:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.calls = 0
+        self.bytes_sent = 0  # payload bytes this rank put on the wire (see each method)
         self.feedback = ErrorFeedback()
         self._tag_ub = max(int(self.comm.Get_attr(MPI.TAG_UB) or 32767), 32767)
         self._tag = 0
@@ -117,6 +118,7 @@ class Channel:
     # ---------------------------------------------------------- point to point
     def isend(self, payload, dest, tag):
         """Start sending ``payload`` to ``dest``; return the request."""
+        self.bytes_sent += payload.size
         return self.comm.Isend([payload, _BYTE], dest, tag)
 
     def recv(self, source, tag):
@@ -155,6 +157,8 @@ class Channel:
         displs = np.zeros(self.size, dtype=np.int64)
         np.cumsum(sizes[:-1], out=displs[1:])
         recvbuf = np.empty(int(sizes.sum()), dtype=np.uint8)
+        # a ring allgather forwards every block but the right neighbour's own
+        self.bytes_sent += int(sizes.sum() - sizes[(self.rank + 1) % self.size])
         self.wait(self.comm.Iallgatherv([payload, _BYTE], [recvbuf, (sizes, displs), _BYTE]),
                   "payloads from every rank")
         return [recvbuf[displs[i]:displs[i] + sizes[i]] for i in range(self.size)]
@@ -180,11 +184,20 @@ class Channel:
         size = np.array([payload.size if self.rank == root else 0], dtype=np.int64)
         self.wait(self.comm.Ibcast([size, MPI.INT64_T], root), f"the size from rank {root}")
         buf = payload if self.rank == root else np.empty(int(size[0]), dtype=np.uint8)
+        # binomial broadcast: a rank sends one copy to each of its children
+        relative = (self.rank - root) % self.size
+        mask = 1
+        while mask < self.size and not relative & mask:
+            if relative + mask < self.size:
+                self.bytes_sent += int(size[0])
+            mask <<= 1
         self.wait(self.comm.Ibcast([buf, _BYTE], root), f"the payload from rank {root}")
         return buf
 
     def allreduce_sum(self, x):
         """The MPI library's own ``Allreduce(SUM)`` of a float32/float64 array."""
+        # counted as a ring allreduce: 2 (p-1)/p of the array
+        self.bytes_sent += 2 * (self.size - 1) * x.nbytes // self.size
         out = np.empty_like(x)
         self.wait(self.comm.Iallreduce(x, out, op=MPI.SUM), "MPI_Allreduce")
         return out

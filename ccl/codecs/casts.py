@@ -9,7 +9,7 @@ not fit.
 
 import numpy as np
 
-from .._jit import njit, prange
+from .._jit import njit
 from ..errors import PayloadError
 from .base import FLAG_OVERFLOW, Codec, register_codec
 
@@ -84,12 +84,12 @@ class FP16Codec(_CastCodec):
         return body.view(np.float16).astype(np.float32)
 
 
-@njit(parallel=True)
+@njit
 def _to_bf16(x, out):
     # Round to nearest, ties to even, on the top 16 bits of the float32 pattern.
     bits = x.view(np.uint32)
     overflow = False
-    for i in prange(x.size):
+    for i in range(x.size):
         u = bits[i]
         rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
         out[i] = np.uint16(rounded)
