@@ -1,8 +1,22 @@
-"""Command line of the benchmark: ``python -m ccl.bench`` under mpiexec."""
+"""``python -m ccl.bench [allreduce|codecs|accuracy] ...`` (default: allreduce)."""
 
 import sys
 
-from .allreduce import main
+COMMANDS = {
+    "allreduce": "ccl.bench.allreduce",  # under mpiexec: codecs x algorithms vs MPI_Allreduce
+    "codecs": "ccl.bench.codecs",        # no MPI needed: single-core encode/decode GB/s
+    "accuracy": "ccl.bench.accuracy",    # under mpiexec: error of one call and of 100 steps
+}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    name = "allreduce"
+    if argv and argv[0] in COMMANDS:
+        name, argv = argv[0], argv[1:]
+    module = __import__(COMMANDS[name], fromlist=["main"])
+    return module.main(argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())
