@@ -26,7 +26,7 @@ ERR_SHORT = 2       # the stream expands to fewer than L bytes
 ERR_PAD = 3         # a pad digit (past n elements) is not 1
 ERR_NONZERO = 4     # M = 0 but a byte is not "five zeros"
 
-_BLOCK = 1 << 16    # elements per parallel max-abs block
+_BLOCK = 1 << 16    # elements (or quartic bytes) per parallel block
 
 
 @njit
@@ -109,7 +109,8 @@ def zre_encode(a, out):
     """Zero-run encode the quartic bytes ``a`` into ``out``; return the length written.
 
     ``out`` needs ``a.size`` bytes: the code never expands (a run of one 121
-    stays one byte, a run of 2..14 becomes one byte).
+    stays one byte, a run of 2..14 becomes one byte). ``out`` may be ``a``
+    itself: every byte is written at or before the position already read.
     """
     L = a.size
     o = 0
