@@ -200,21 +200,28 @@ class CodecContext:
 
 
 @njit
-def _nonfinite_probe(x):
-    # inf - inf and nan - nan are nan; finite - finite is 0. No early exit, so it streams.
-    acc = 0.0
-    for i in range(x.size):
-        acc += x[i] - x[i]
-    return acc
+def _max_exponent_bits(bits, mask):
+    # An integer max over the exponent field vectorises (a float sum would not):
+    # the field is all ones exactly for NaN and Inf.
+    top = bits.dtype.type(0)
+    for i in range(bits.size):
+        top = max(top, bits[i] & mask)
+    return top
+
+
+_EXPONENT_MASKS = {np.dtype(np.float32): (np.uint32, np.uint32(0x7F800000)),
+                   np.dtype(np.float64): (np.uint64, np.uint64(0x7FF0000000000000))}
 
 
 def all_finite(x):
     """Return True when the 1-D float array ``x`` holds no NaN or Inf."""
     if x.size == 0:
         return True
-    if x.dtype == np.float16:
+    masks = _EXPONENT_MASKS.get(x.dtype)
+    if masks is None:
         return bool(np.isfinite(x).all())
-    return _nonfinite_probe(x) == 0.0
+    view, mask = masks
+    return _max_exponent_bits(x.view(view), mask) != mask
 
 
 _REGISTRY = {}
