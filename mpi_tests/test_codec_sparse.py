@@ -142,6 +142,10 @@ def test_topk_ties_go_to_the_lower_index():
     for k, expected in ((1, [1]), (2, [1, 2]), (3, [1, 2, 4]), (4, [1, 2, 4, 6]),
                         (5, [1, 2, 3, 4, 6])):
         np.testing.assert_array_equal(_sent(get_codec("topk", k=k), x)[1], expected)
+    # a larger magnitude after the tied ones still wins
+    x = np.float32([3, -3, 5, 3])
+    for k, expected in ((1, [2]), (2, [0, 2]), (3, [0, 1, 2])):
+        np.testing.assert_array_equal(_sent(get_codec("topk", k=k), x)[1], expected)
 
 
 def test_topk_k_at_least_n_sends_everything_dense():
@@ -288,6 +292,9 @@ def test_adaptive_stages_stay_in_bounds_and_fix_heavy_tails(density):
     codec = get_codec("sidco", density=density, adaptive=True)
     seen = _run_adaptive(codec, lambda rng: rng.standard_t(3, n).astype(np.float32), 40)
     assert all(1 <= s <= bound for s in seen)
+    # the first adjustment (after Q = 5 steps) must already add a stage: one stage
+    # over-selects, and the reference rule's "remove a stage" is blocked at M = 1
+    assert seen[:4] == [1] * 4 and seen[4] == 2
     # with one stage, t(3) data select far more than k; the direction check must add stages
     # (the reference rule would try to remove one and stay at M = 1)
     final = get_codec("sidco", density=density, stages=seen[-1])
