@@ -94,6 +94,19 @@ def test_float64_input_rounds_values_to_float32_and_flags_overflow():
         codec.decode(codec.encode(np.array([1.0, 1e300, 3.0])))
 
 
+@pytest.mark.parametrize("dist", ["exp", "gpareto", "gamma"])
+def test_sidco_float64_thresholds_are_scale_equivariant(dist):
+    # squares of 1e200 overflow and of 1e-200 underflow float64: the fit must rescale
+    x = np.random.default_rng(16).laplace(size=5000)
+    codec = get_codec("sidco", dist=dist)
+    base = codec.threshold(x)
+    assert base == pytest.approx(codec.threshold(x.astype(np.float32)), rel=1e-5)
+    for scale in (1e200, 1e-200):
+        assert codec.threshold(x * scale) == pytest.approx(base * scale, rel=1e-9)
+    y, idx = _sent(codec, x * 1e-200)  # float32 cannot hold these values
+    assert idx.size == 0 and y.dtype == np.float32
+
+
 @pytest.mark.parametrize("cid", SPARSE)
 def test_empty_and_all_zero_tensors(cid):
     codec = get_codec(cid)

@@ -14,7 +14,7 @@ import numpy as np
 from .._jit import njit
 
 __all__ = [
-    "abs_moments", "abs_log_moments_f32", "abs_log_moments", "count_above", "select_above",
+    "abs_moments", "abs_log_moments_f32", "nonzero_log_sum", "count_above", "select_above",
     "compact_above", "take_top", "max_gap", "pack_gaps", "scatter_gaps", "scatter_absolute",
 ]
 
@@ -80,20 +80,16 @@ def abs_log_moments_f32(x, bits):
 
 
 @njit
-def abs_log_moments(x):
-    """Like :func:`abs_log_moments_f32` for any float dtype, with libm ``log`` (slower)."""
-    s1 = 0.0
-    s2 = 0.0
+def nonzero_log_sum(x):
+    """Return ``(sum ln|x| over nonzeros, nonzero count)`` for any float dtype (libm ``log``, slower)."""
     sl = 0.0
     nz = 0
     for i in range(x.size):
         v = np.float64(abs(x[i]))
-        s1 += v
-        s2 += v * v
         if v > 0.0:
             sl += np.log(v)
             nz += 1
-    return s1, s2, sl, nz
+    return sl, nz
 
 
 @njit(**_FAST)

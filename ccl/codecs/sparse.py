@@ -426,7 +426,8 @@ class SIDCoCodec(_SparseCodec):
             if x.dtype == np.float32:
                 s1, s2, slog, nnz = K.abs_log_moments_f32(x, x.view(np.uint32))
             else:
-                s1, s2, slog, nnz = K.abs_log_moments(x)
+                s1, s2 = K.abs_moments(x)
+                slog, nnz = K.nonzero_log_sum(x)
         else:
             s1, s2 = K.abs_moments(x)
             nnz = n
