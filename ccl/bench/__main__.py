@@ -6,6 +6,7 @@ COMMANDS = {
     "allreduce": "ccl.bench.allreduce",  # under mpiexec: codecs x algorithms vs MPI_Allreduce
     "codecs": "ccl.bench.codecs",        # no MPI needed: single-core encode/decode GB/s
     "accuracy": "ccl.bench.accuracy",    # under mpiexec: error of one call and of 100 steps
+    "gradients": "ccl.bench.gradients",  # no MPI: codecs on real torch gradients (digits MLP)
 }
 
 
