@@ -11,13 +11,18 @@ draw and the high 32 bits for the table draw.
 Packed indices are an MSB-first bit stream: element 0 occupies the highest
 ``bits`` bits of byte 0 (for 4 bits: the high nibble), the last partial byte
 is padded with zero bits.
+
+The kernels loop over rotation blocks and every block is independent (the
+random streams are indexed by element), so they could run blocks in
+parallel with ``prange``; they are serial on purpose: ranks usually own a
+core each, and ``parallel=True`` would triple the compile time.
 """
 
 import numpy as np
 
-from .._jit import njit, prange
+from .._jit import njit
 
-__all__ = ["fwht", "rotate", "encode_blocks", "decode_blocks", "accumulate", "pack_bits",
+__all__ = ["fwht", "rotate", "encode_blocks", "decode_blocks", "add_lanes", "pack_bits",
            "unpack_bits", "sum_squares"]
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -27,7 +32,7 @@ _LOW32 = np.uint64(0xFFFFFFFF)
 _TWO32 = 4294967296.0
 
 
-@njit(inline="always")
+@njit
 def _mix(seed, i):
     # splitmix64 output for counter i: a strong 64-bit hash of (seed, i)
     z = seed + (np.uint64(i) + np.uint64(1)) * _GAMMA
@@ -85,7 +90,7 @@ def fwht(buf):
         h *= 2
 
 
-@njit(inline="always")
+@njit
 def _flip_signs(bits, start, count, sign_seed):
     # negate bits[:count] (float32 bit patterns of elements start.. start+count-1) where the
     # rotation sign is -1: bit (i % 64) of word (i // 64) of the sign stream; start % 64 == 0
@@ -95,7 +100,7 @@ def _flip_signs(bits, start, count, sign_seed):
             bits[k] ^= np.uint32((word >> np.uint64(k & 63)) << np.uint64(31))
 
 
-@njit(inline="always")
+@njit
 def _fill_signed(x, n, base, block, factor, sign_seed, scratch):
     # scratch = xi * x[base:base+block] * factor, zero-padded past n
     m = max(min(block, n - base), 0)
@@ -107,7 +112,7 @@ def _fill_signed(x, n, base, block, factor, sign_seed, scratch):
     _flip_signs(scratch.view(np.uint32), base, m, sign_seed)
 
 
-@njit(inline="always")
+@njit
 def _emit_signed(scratch, n, base, block, sign_seed, out):
     # out[base:base+block] = xi * scratch, truncated at n
     m = max(min(block, n - base), 0)
@@ -117,19 +122,18 @@ def _emit_signed(scratch, n, base, block, sign_seed, out):
         dst[k] = scratch[k]
 
 
-@njit(parallel=True)
-def rotate(x, padded, block, factor, sign_seed, inverse):
-    """Blocked randomized Hadamard transform (tests and tools; the codec fuses it).
+@njit
+def rotate(x, block, factor, sign_seed, inverse):
+    """Blocked randomized Hadamard transform of float32 ``x`` (a tool for tests).
 
-    Forward: ``y = H(xi * x) * factor`` over ``padded`` zero-padded elements.
-    Inverse (``inverse=True``, ``x`` of ``padded`` elements):
-    ``xi * H(x) * factor``, all ``padded`` elements. ``H`` is unnormalised;
-    pass ``factor = 1/sqrt(block)`` for the orthonormal transform.
+    Forward: ``H(xi * x) * factor``, zero-padded to a multiple of ``block``.
+    Inverse: ``xi * H(x) * factor`` (``x.size`` a multiple of ``block``). ``H``
+    is unnormalised; ``factor = 1/sqrt(block)`` makes it orthonormal.
     """
+    padded = (x.size + block - 1) // block * block
     out = np.empty(padded, dtype=np.float32)
-    for blk in prange(padded // block):
-        base = blk * block
-        scratch = np.empty(block, dtype=np.float32)
+    scratch = np.empty(block, dtype=np.float32)
+    for base in range(0, padded, block):
         if inverse:
             for k in range(block):
                 scratch[k] = np.float32(x[base + k] * factor)
@@ -138,12 +142,11 @@ def rotate(x, padded, block, factor, sign_seed, inverse):
         else:
             _fill_signed(x, x.size, base, block, factor, sign_seed, scratch)
             fwht(scratch)
-            for k in range(block):
-                out[base + k] = scratch[k]
+            out[base:base + block] = scratch
     return out
 
 
-@njit(inline="always")
+@njit
 def _pack_into(idx, count, bits, out, off):
     # MSB-first bit stream of count b-bit values into out[off:]; byte aligned start
     if bits == 4:
@@ -177,7 +180,7 @@ def _pack_into(idx, count, bits, out, off):
             out[o] = np.uint8((acc << np.uint32(8 - nacc)) & np.uint32(0xFF))
 
 
-@njit(inline="always")
+@njit
 def _unpack_from(data, off, bits, count, idx):
     # inverse of _pack_into
     if bits == 4:
@@ -219,8 +222,12 @@ def unpack_bits(data, bits, count):
 
 
 @njit(fastmath=True)
-def _sum_squares_serial(x):
-    # fastmath lets LLVM reorder the sum into vector lanes (the result is still deterministic)
+def sum_squares(x):
+    """Σ x² in float64.
+
+    fastmath lets LLVM split the sum over vector lanes; the order is fixed by
+    the compiled code, so every call gives the same result for the same input.
+    """
     acc = 0.0
     for i in range(x.size):
         v = np.float64(x[i])
@@ -228,22 +235,11 @@ def _sum_squares_serial(x):
     return acc
 
 
-@njit(parallel=True)
-def sum_squares(x):
-    """Σ x² in float64 (fixed chunking: the same result for any thread count)."""
-    chunk = 1 << 16
-    nchunks = (x.size + chunk - 1) // chunk
-    partial = np.empty(nchunks, dtype=np.float64)
-    for c in prange(nchunks):
-        partial[c] = _sum_squares_serial(x[c * chunk:min((c + 1) * chunk, x.size)])
-    return partial.sum()
-
-
-@njit(parallel=True)
+@njit
 def encode_blocks(x, padded, block, factor, sign_seed, round_seed, xk, thr, bits, out):
-    """Rotate, stochastically round and pack ``x`` into ``out`` (``padded*bits/8`` bytes).
+    """Rotate, stochastically round and pack float32 ``x`` into ``out`` (``padded*bits/8`` bytes).
 
-    ``factor`` maps rotated values to fine-grid units (``sqrt(P/block)/(max_norm*δ)``);
+    ``factor`` maps rotated values to fine-grid units (``sqrt(n/block)/(max_norm*δ)``);
     the grid position is clamped to ``[0, S-1]`` (the clamp to ``[-T, T]``). Grid
     point ``j`` sends index ``xk[j] + 1`` when the high random word is below
     ``thr[j]``, else ``xk[j]``.
@@ -251,12 +247,11 @@ def encode_blocks(x, padded, block, factor, sign_seed, round_seed, xk, thr, bits
     top = xk.size - 1
     half = np.float32(0.5 * top)
     ftop = np.float32(top)
-    for blk in prange(padded // block):
-        base = blk * block
-        scratch = np.empty(block, dtype=np.float32)
-        grid = np.empty(block, dtype=np.uint32)
-        high = np.empty(block, dtype=np.uint32)
-        idx = np.empty(block, dtype=np.uint8)
+    scratch = np.empty(block, dtype=np.float32)
+    grid = np.empty(block, dtype=np.uint32)
+    high = np.empty(block, dtype=np.uint32)
+    idx = np.empty(block, dtype=np.uint8)
+    for base in range(0, padded, block):
         _fill_signed(x, x.size, base, block, factor, sign_seed, scratch)
         fwht(scratch)
         # vectorisable pass: fine-grid stochastic rounding (float32 is exact enough here:
@@ -275,41 +270,72 @@ def encode_blocks(x, padded, block, factor, sign_seed, round_seed, xk, thr, bits
         _pack_into(idx, block, bits, out, base * bits // 8)
 
 
-@njit(parallel=True)
-def decode_blocks(data, packed, bits, values, offset, scale, n, block, sign_seed, out):
+@njit
+def _read_lanes(data, width, bits, levels, start, count, idx, dst, accumulate):
+    # dst[:count] (+)= lanes start..start+count-1 of data: packed indices mapped through
+    # levels (width 0) or little-endian unsigned lanes of width bytes
+    if width == 0:
+        _unpack_from(data, start * bits // 8, bits, count, idx)
+        for k in range(count):
+            dst[k] = (dst[k] if accumulate else np.uint32(0)) + levels[idx[k]]
+    elif width == 1:
+        src = data[start:start + count]
+        for k in range(count):
+            dst[k] = (dst[k] if accumulate else np.uint32(0)) + np.uint32(src[k])
+    elif width == 2:
+        src = data[2 * start:2 * (start + count)]
+        for k in range(count):
+            lane = np.uint32(src[2 * k]) | (np.uint32(src[2 * k + 1]) << np.uint32(8))
+            dst[k] = (dst[k] if accumulate else np.uint32(0)) + lane
+    else:
+        src = data[4 * start:4 * (start + count)]
+        for k in range(count):
+            lane = (np.uint32(src[4 * k]) | (np.uint32(src[4 * k + 1]) << np.uint32(8))
+                    | (np.uint32(src[4 * k + 2]) << np.uint32(16))
+                    | (np.uint32(src[4 * k + 3]) << np.uint32(24)))
+            dst[k] = (dst[k] if accumulate else np.uint32(0)) + lane
+
+
+@njit
+def decode_blocks(data, width, bits, values, levels, offset, scale, n, block, sign_seed, out):
     """Inverse rotation of lane sums into ``out`` (``n`` float32).
 
-    Packed data (``packed=True``): value of index i is ``values[i]`` (already
-    scaled). Lanes: value is ``(lane - offset) * scale``.
+    Packed indices (``width == 0``): index i stands for ``values[i]`` (already
+    scaled). Lanes of ``width`` bytes: a lane sum S stands for
+    ``(S - offset) * scale``.
     """
     padded = (n + block - 1) // block * block
-    for blk in prange(padded // block):
-        base = blk * block
-        scratch = np.empty(block, dtype=np.float32)
-        if packed:
-            idx = np.empty(block, dtype=np.uint8)
+    scratch = np.empty(block, dtype=np.float32)
+    idx = np.empty(block, dtype=np.uint8)
+    lanes = np.empty(block, dtype=np.uint32)
+    for base in range(0, padded, block):
+        if width == 0:
             _unpack_from(data, base * bits // 8, bits, block, idx)
             for k in range(block):
                 scratch[k] = values[idx[k]]
         else:
+            _read_lanes(data, width, bits, levels, base, block, idx, lanes, False)
             for k in range(block):
-                scratch[k] = np.float32((np.float64(data[base + k]) - offset) * scale)
+                scratch[k] = np.float32((np.float64(lanes[k]) - offset) * scale)
         fwht(scratch)
         _emit_signed(scratch, n, base, block, sign_seed, out)
 
 
-@njit(parallel=True)
-def accumulate(data, packed, bits, levels, padded, out):
-    """``out += R[idx]`` (packed data) or ``out += lanes`` (integer lanes), ``padded`` lanes."""
-    if packed:
-        chunk = 4096
-        for c in prange((padded + chunk - 1) // chunk):
-            base = c * chunk
-            count = min(chunk, padded - base)
-            idx = np.empty(chunk, dtype=np.uint8)
-            _unpack_from(data, base * bits // 8, bits, count, idx)
+@njit
+def add_lanes(a, a_width, b, b_width, bits, levels, padded, out, out_width):
+    """Write lanes ``a + b`` into ``out`` (``padded`` lanes of ``out_width`` bytes).
+
+    ``a`` and ``b`` are packed indices (width 0, mapped through ``levels``)
+    or little-endian lanes; the caller chose ``out_width`` wide enough.
+    """
+    chunk = 4096
+    idx = np.empty(chunk, dtype=np.uint8)
+    acc = np.empty(chunk, dtype=np.uint32)
+    for start in range(0, padded, chunk):
+        count = min(chunk, padded - start)
+        _read_lanes(a, a_width, bits, levels, start, count, idx, acc, False)
+        _read_lanes(b, b_width, bits, levels, start, count, idx, acc, True)
+        for shift in range(out_width):
+            dst = out[start * out_width + shift:(start + count) * out_width:out_width]
             for k in range(count):
-                out[base + k] += levels[idx[k]]
-    else:
-        for i in prange(padded):
-            out[i] += data[i]
+                dst[k] = np.uint8((acc[k] >> np.uint32(8 * shift)) & np.uint32(0xFF))

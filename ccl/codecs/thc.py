@@ -9,12 +9,15 @@ decoding: indices become integer levels, and levels add exactly in integer
 lanes (8, 16 or 32 bits, widened with the contributor count). Decoding
 maps the lane sums back to values and undoes the rotation.
 
-Normalisation with blocked rotation: the input is zero-padded to ``P``
-elements (a multiple of ``block``) and each block of ``block`` elements gets
-an orthonormal Hadamard transform. The rotated coordinates then have mean
-square ``||x||² / P``, so they are scaled by ``sqrt(P) / max_norm``
-(``z ≈ N(0, ||x||²/max_norm²)``, variance at most 1) before the clamp to
-``[-T, T]``.
+Normalisation with blocked rotation: the input of ``n`` elements is
+zero-padded to ``P`` (a multiple of ``block``) and each block of ``block``
+elements gets an orthonormal Hadamard transform. When the energy of ``x`` is
+spread over its ``n`` elements, a rotated coordinate of a full block has
+mean square ``||x||² / n``, so rotated values are scaled by
+``sqrt(n) / max_norm`` (``z ≈ N(0, ||x||²/max_norm²)``, variance at most 1)
+before the clamp to ``[-T, T]``. With ``n = P`` (no padding) this is the
+spec's ``sqrt(D)``; scaling by ``sqrt(P)`` instead would inflate ``z`` by
+``sqrt(P/n)`` (up to 1.4x) and clamp a partly filled last block hard.
 """
 
 import math
@@ -130,7 +133,7 @@ class THCCodec(Codec):
         return -(-n // self.block) * self.block
 
     def _fine_step(self):
-        # δ: spacing of the S-point grid on [-T, T], in units of max_norm/sqrt(P)
+        # δ: spacing of the S-point grid on [-T, T], in units of max_norm/sqrt(n)
         return 2.0 * clamp_t(self.p) / (GRID_POINTS - 1)
 
     def _seed_hash(self, ctx):
@@ -155,7 +158,8 @@ class THCCodec(Codec):
 
     def _encode(self, x, ctx):
         padded = self._padded(x.size)
-        max_norm = np.float32(self._max_norm(x, ctx))
+        with np.errstate(over="ignore"):  # beyond float32: flagged just below
+            max_norm = np.float32(self._max_norm(x, ctx))
         if not np.isfinite(max_norm):
             return np.empty(0, np.uint8), FLAG_OVERFLOW  # a norm beyond float32
         zero = max_norm == 0 or padded == 0
@@ -165,7 +169,11 @@ class THCCodec(Codec):
             padded), dtype=np.uint8)
         if not zero:
             xk, thr = kernel_tables(self.levels, self.g)
-            factor = math.sqrt(padded / self.block) / (float(max_norm) * self._fine_step())
+            factor = math.sqrt(x.size / self.block) / (float(max_norm) * self._fine_step())
+            if x.dtype != np.float32:
+                # one kernel signature (float32) keeps compile time down; scaling first
+                # keeps float64 values beyond float32's range finite
+                x, factor = (x * factor).astype(np.float32), 1.0
             _k.encode_blocks(x, padded, self.block, factor, np.uint64(ctx.seed(self.seed)),
                              np.uint64(ctx.seed(self.seed, per_rank=True)), xk, thr,
                              self.bits, body[BODY_HEADER_SIZE:])
@@ -173,7 +181,10 @@ class THCCodec(Codec):
 
     # ----------------------------------------------------------- parsing
     def _parse(self, header, body, ctx):
-        """Validate a body against its header; return (kind, width, zero, max_norm, data)."""
+        """Validate a body against its header; return (width, zero, max_norm, data bytes).
+
+        ``width`` is the lane width in bytes, 0 for packed indices.
+        """
         if body.size < BODY_HEADER_SIZE:
             raise PayloadError(f"THC body of {body.size} bytes is shorter than its "
                                f"{BODY_HEADER_SIZE}-byte header")
@@ -212,52 +223,51 @@ class THCCodec(Codec):
                                "CodecContext(n=...) to decode payloads this large")
         data = body[BODY_HEADER_SIZE:]
         if kind == KIND_LANES and not zero:
-            data = data.view(_LANE_DTYPES[width])
-            if data.size and int(data.max()) > header.contributors * self.g:
+            if int(data.view(_LANE_DTYPES[width]).max()) > header.contributors * self.g:
                 raise PayloadError("THC lane exceeds contributors * g")
-        return kind, width, bool(zero), max_norm, data
+        return width, bool(zero), float(max_norm), data
 
     # --------------------------------------------------------------- decoding
     def _decode(self, header, body, ctx):
-        kind, _, zero, max_norm, data = self._parse(header, body, ctx)
+        width, zero, max_norm, data = self._parse(header, body, ctx)
         n = header.n
-        out = np.zeros(n, dtype=np.float32)
         if zero:
-            return out
-        padded = self._padded(n)
+            return np.zeros(n, dtype=np.float32)
+        out = np.empty(n, dtype=np.float32)
         g = self.g
         inc = 2.0 * clamp_t(self.p) / g
-        # lane sum S of c contributors stands for c values in (S - c*g/2)*inc*max_norm/sqrt(P),
+        # lane sum S of c contributors stands for c values in (S - c*g/2)*inc*max_norm/sqrt(n),
         # then the unnormalised Hadamard needs a further 1/sqrt(block)
-        scale = inc * float(max_norm) / math.sqrt(padded) / math.sqrt(self.block)
+        scale = inc * float(max_norm) / math.sqrt(n) / math.sqrt(self.block)
         offset = header.contributors * g / 2.0
         values = ((np.asarray(self.levels, dtype=np.float64) - offset) * scale).astype(np.float32)
-        _k.decode_blocks(data, kind == KIND_PACKED, self.bits, values, offset, scale, n,
+        _k.decode_blocks(data, width, self.bits, values, self._levels_u32(), offset, scale, n,
                          self.block, np.uint64(ctx.seed(self.seed)), out)
         return out
 
     # --------------------------------------------------------------- addition
     def _add(self, ha, a_body, hb, b_body, ctx):
-        parsed_a = self._parse(ha, a_body, ctx)
-        parsed_b = self._parse(hb, b_body, ctx)
-        if parsed_a[3] != parsed_b[3]:
+        a_width, zero, max_norm, a_data = self._parse(ha, a_body, ctx)
+        b_width, _, b_norm, b_data = self._parse(hb, b_body, ctx)
+        if max_norm != b_norm:
             raise PayloadError(f"THC payloads were scaled by different max norms "
-                               f"({parsed_a[3]} and {parsed_b[3]}): agree on ctx.shared first")
+                               f"({max_norm} and {b_norm}): agree on ctx.shared first")
         contributors = ha.contributors + hb.contributors
         width = lane_bytes(contributors, self.g)
         if width == 0:
             return self.flagged_payload(ha.n, FLAG_OVERFLOW, contributors, dtype=ha.dtype)
-        zero = parsed_a[2]
         padded = self._padded(ha.n)
-        lanes = np.zeros(0 if zero else padded, dtype=_LANE_DTYPES[width])
+        body = np.empty(BODY_HEADER_SIZE + (0 if zero else padded * width), dtype=np.uint8)
+        body[:BODY_HEADER_SIZE] = np.frombuffer(_BODY.pack(
+            KIND_LANES, width, self.bits, int(zero), max_norm, self.block,
+            self._seed_hash(ctx), padded), dtype=np.uint8)
         if not zero:
-            levels = np.asarray(self.levels, dtype=lanes.dtype)
-            for kind, _, _, _, data in (parsed_a, parsed_b):
-                _k.accumulate(data, kind == KIND_PACKED, self.bits, levels, padded, lanes)
-        head = _BODY.pack(KIND_LANES, width, self.bits, int(zero), parsed_a[3], self.block,
-                          self._seed_hash(ctx), padded)
-        body = np.concatenate([np.frombuffer(head, dtype=np.uint8), lanes.view(np.uint8)])
+            _k.add_lanes(a_data, a_width, b_data, b_width, self.bits, self._levels_u32(),
+                         padded, body[BODY_HEADER_SIZE:], width)
         return self.pack(body, ha.n, contributors=contributors, dtype=ha.dtype)
+
+    def _levels_u32(self):
+        return np.asarray(self.levels, dtype=np.uint32)
 
 
 def _norm(x):
