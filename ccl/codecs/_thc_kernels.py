@@ -166,10 +166,21 @@ def _pack_into(idx, count, bits, out, off):
         if count & 3:
             out[off + quads] = tail
     else:
+        first = 0
+        o = off
+        if bits == 3:
+            for grp in range(count // 8):
+                word = np.uint32(0)
+                for t in range(8):
+                    word |= np.uint32(idx[8 * grp + t]) << np.uint32(21 - 3 * t)
+                out[off + 3 * grp] = np.uint8(word >> np.uint32(16))
+                out[off + 3 * grp + 1] = np.uint8((word >> np.uint32(8)) & np.uint32(0xFF))
+                out[off + 3 * grp + 2] = np.uint8(word & np.uint32(0xFF))
+            first = count // 8 * 8
+            o = off + 3 * (count // 8)
         acc = np.uint32(0)
         nacc = 0
-        o = off
-        for k in range(count):
+        for k in range(first, count):
             acc = (acc << np.uint32(bits)) | np.uint32(idx[k])
             nacc += bits
             if nacc >= 8:
@@ -194,8 +205,18 @@ def _unpack_from(data, off, bits, count, idx):
         for k in range(count):
             idx[k] = (data[off + k // 4] >> np.uint8(6 - 2 * (k & 3))) & np.uint8(3)
     else:
+        first = 0
+        if bits == 3:
+            # whole groups of 8 indices = 3 bytes, read as one big-endian 24-bit word
+            for grp in range(count // 8):
+                pos = off + 3 * grp
+                word = ((np.uint32(data[pos]) << np.uint32(16))
+                        | (np.uint32(data[pos + 1]) << np.uint32(8)) | np.uint32(data[pos + 2]))
+                for t in range(8):
+                    idx[8 * grp + t] = np.uint8((word >> np.uint32(21 - 3 * t)) & np.uint32(7))
+            first = count // 8 * 8
         mask = np.uint32((1 << bits) - 1)
-        for k in range(count):
+        for k in range(first, count):
             bit = k * bits
             pos = off + bit // 8
             # a field spans at most two bytes; read the second only when it exists

@@ -163,7 +163,8 @@ class THCCodec(Codec):
         if not np.isfinite(max_norm):
             return np.empty(0, np.uint8), FLAG_OVERFLOW  # a norm beyond float32
         zero = max_norm == 0 or padded == 0
-        body = np.zeros(BODY_HEADER_SIZE + (0 if zero else padded * self.bits // 8), np.uint8)
+        # the kernel writes every data byte (block * bits is a multiple of 8)
+        body = np.empty(BODY_HEADER_SIZE + (0 if zero else padded * self.bits // 8), np.uint8)
         body[:BODY_HEADER_SIZE] = np.frombuffer(_BODY.pack(
             KIND_PACKED, 0, self.bits, int(zero), max_norm, self.block, self._seed_hash(ctx),
             padded), dtype=np.uint8)
