@@ -10,10 +10,11 @@ from .base import (CodecContext, Codec, Header, HEADER_SIZE, FLAG_NONFINITE, FLA
 from .casts import BF16Codec, FP16Codec, NoneCodec
 from .sparse import DGCCodec, SIDCoCodec, TopKCodec
 from .threelc import ThreeLCCodec
+from .thc import THCCodec
 
 __all__ = [
     "Codec", "CodecContext", "Header", "HEADER_SIZE", "FLAG_NONFINITE", "FLAG_OVERFLOW",
     "get_codec", "register_codec", "registered_codecs",
     "NoneCodec", "FP16Codec", "BF16Codec", "ThreeLCCodec",
-    "SIDCoCodec", "TopKCodec", "DGCCodec",
+    "SIDCoCodec", "TopKCodec", "DGCCodec", "THCCodec",
 ]
