@@ -40,7 +40,7 @@ NO_NETWORK = ("none", "shm")
 MAX_HOSTS = 254  # one /24 of host addresses
 SUBNET = "10.200.0"  # private; only ever configured inside namespaces made here
 MTU = 9000
-# tbf needs a bucket larger than the MTU; these are the settings verified at 100 Mbit/s-10 Gbit/s.
+# tbf needs a bucket larger than the MTU; these are the verified recipe's settings.
 TBF = ("burst", "512kb", "latency", "20ms")
 # MPICH: no shared memory between ranks on one machine, TCP sockets through libfabric.
 NETWORK_ENV = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
@@ -171,7 +171,9 @@ def remove_stale():
     """Remove namespaces left by clusters whose process is gone (killed with SIGKILL, say).
 
     Only names of the form this module creates, ``ccl<pid>-<n>-h<rank>`` or
-    ``ccl<pid>-<n>-sw``, whose ``<pid>`` no longer runs, are touched.
+    ``ccl<pid>-<n>-sw``, whose ``<pid>`` no longer runs, are touched. Pids are
+    looked up in this process's PID namespace: do not run it where another
+    container shares ``/run/netns``.
 
     Returns
     -------
@@ -199,7 +201,7 @@ def unavailable_reason():
         ip = _ip()
         if not _has_capabilities():
             return "the emulated cluster needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN)"
-        name = f"ccl{os.getpid()}-probe{next(_serial)}"
+        name = f"ccl{os.getpid()}-{next(_serial)}-sw"  # a name remove_stale() recognises
         _check([ip, "netns", "add", name], "creating a network namespace")
         try:
             for args in (["link", "add", "name", "br0", "type", "bridge"],
@@ -225,18 +227,22 @@ def _mpiexec():
     return path
 
 
+def _killpg(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def _stop(proc, grace=5.0):
     """End ``proc`` and everything it started (its own process group)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    _killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    _killpg(proc.pid, signal.SIGKILL)  # whatever ignored SIGTERM or outlived mpiexec
+    proc.wait()
 
 
 class _SignalsBlocked:
