@@ -1,10 +1,13 @@
 # make demo: install, then the benchmark of codecs and algorithms against MPI_Allreduce (4 ranks)
 # make test: install, then every test: serial (and MPI tests at 1 rank), then MPI tests at 2..5 ranks
+# make bench-cluster: the same benchmark on an emulated cluster (root; HOSTS=4 RATE=1gbit)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 MPIEXEC := $(VENV)/bin/mpiexec
 NPROCS ?= 2 3 4 5
+HOSTS ?= 4
+RATE ?= 1gbit
 # Per-test limit (pytest-timeout, thread method: a stuck rank dies) and per-run limit.
 TEST_TIMEOUT ?= 300
 RUN_TIMEOUT ?= 1200
@@ -14,7 +17,7 @@ export CCL_NUMBA_CACHE := 1
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 PYTEST_MPI := -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) --timeout-method=thread
 
-.PHONY: demo test test-serial test-mpi install-test install-demo clean
+.PHONY: demo test test-serial test-mpi install-test install-demo bench-cluster clean
 
 $(VENV)/.demo: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +27,9 @@ $(VENV)/.demo: setup.py
 
 $(VENV)/.test: setup.py $(VENV)/.demo
 	$(PY) -m pip install -q -e '.[test,mpich,bench]'
+	@# the emulated-cluster tests need iproute2 (ip, tc); as root, install it if missing
+	command -v ip >/dev/null || [ "$$(id -u)" != 0 ] || \
+	  (apt-get update -qq && apt-get install -y -qq iproute2) || true
 	touch $@
 
 install-demo: $(VENV)/.demo
@@ -32,6 +38,10 @@ install-test: $(VENV)/.test
 demo: install-demo
 	$(PY) -c "import ccl; ccl.warmup()"
 	$(MPIEXEC) -n 4 $(PY) -m mpi4py -m ccl.bench --quick
+
+bench-cluster: install-demo
+	$(PY) -c "import ccl; ccl.warmup()"
+	$(PY) -m ccl.bench.cluster --hosts $(HOSTS) --rate $(RATE) -- $(PY) -m mpi4py -m ccl.bench --quick
 
 test: install-test
 	$(PY) -c "import ccl; ccl.warmup()"
