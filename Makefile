@@ -15,7 +15,9 @@ export MPIEXEC_TIMEOUT := $(RUN_TIMEOUT)
 export HYDRA_LAUNCHER := fork
 export CCL_NUMBA_CACHE := 1
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
-PYTEST_MPI := -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) --timeout-method=thread
+# pytest-mpi: --with-mpi runs everything (MPI tests at the launched size); --only-mpi alone
+# runs just the MPI-marked tests (given together, --with-mpi wins and --only-mpi is ignored).
+PYTEST := -m mpi4py -m pytest -x -q --timeout=$(TEST_TIMEOUT) --timeout-method=thread
 
 .PHONY: demo test test-serial test-mpi install-test install-demo bench-cluster clean
 
@@ -48,12 +50,12 @@ test: install-test
 	$(MAKE) test-serial test-mpi
 
 test-serial:
-	timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) $(PYTEST_MPI)
+	timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) $(PYTEST) --with-mpi
 
 test-mpi:
 	set -e; for n in $(NPROCS); do \
 	  echo "== MPI tests at $$n ranks"; \
-	  timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n $$n $(PY) $(PYTEST_MPI) --only-mpi; \
+	  timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n $$n $(PY) $(PYTEST) --only-mpi; \
 	done
 
 clean:
