@@ -8,9 +8,13 @@ decorate with :func:`register_codec` to add one.
 from .base import (CodecContext, Codec, Header, HEADER_SIZE, FLAG_NONFINITE, FLAG_OVERFLOW,
                    get_codec, register_codec, registered_codecs)
 from .casts import BF16Codec, FP16Codec, NoneCodec
+from .dithering import DitheringCodec
+from .onebit import OneBitCodec
+from .randomk import RandomKCodec
 
 __all__ = [
     "Codec", "CodecContext", "Header", "HEADER_SIZE", "FLAG_NONFINITE", "FLAG_OVERFLOW",
     "get_codec", "register_codec", "registered_codecs",
     "NoneCodec", "FP16Codec", "BF16Codec",
+    "OneBitCodec", "RandomKCodec", "DitheringCodec",
 ]
