@@ -29,7 +29,7 @@ import numpy as np
 
 from .._jit import njit, prange
 from ..errors import PayloadError
-from ._hashrng import f32_round_up, stream64
+from ._shared_kernels import f32_round_up, sized_kernel, stream64
 from .base import FLAG_OVERFLOW, Codec, register_codec
 
 __all__ = ["DitheringCodec"]
@@ -41,7 +41,7 @@ _MASK32 = np.uint64(0xFFFFFFFF)
 _MANT = np.uint64((1 << 52) - 1)
 
 
-@njit(parallel=True)
+@sized_kernel()
 def _abs_max(x, partial):
     """max|x| by fixed blocks; eight running maxima keep the loop free of a serial chain."""
     n = x.size
@@ -67,7 +67,7 @@ def _abs_max(x, partial):
     return partial.max()
 
 
-@njit(parallel=True)
+@sized_kernel()
 def _sum_squares(x, partial):
     """sum x**2 in float64, by fixed blocks added in order (independent of the thread count)."""
     n = x.size
@@ -101,7 +101,7 @@ def _uniform32(seed, i):
     return np.float64(stream64(seed, i) >> np.uint64(32))
 
 
-@njit(parallel=True)
+@sized_kernel()
 def _dither_linear(x, factor, s, seed, out):
     """Round ``|x| * factor`` (``factor = s / scale``) stochastically to an integer in ``0..s``.
 
@@ -143,7 +143,7 @@ def _natural_level(r, s, c_low):
     return 0, r * c_low
 
 
-@njit(parallel=True)
+@sized_kernel()
 def _dither_natural(x, inv_scale, s, c_low, seed, out):
     """Round ``|x| * inv_scale`` stochastically to the level index of a neighbouring power of two."""
     for i in prange(x.size):
@@ -153,7 +153,7 @@ def _dither_natural(x, inv_scale, s, c_low, seed, out):
         out[i] = -q if v < 0 else q
 
 
-@njit(parallel=True)
+@sized_kernel()
 def _dequantize_linear(codes, step, out):
     """``out = codes * step``; return the largest ``|code|`` for the range check."""
     worst = 0
@@ -164,7 +164,7 @@ def _dequantize_linear(codes, step, out):
     return worst
 
 
-@njit(parallel=True)
+@sized_kernel()
 def _lookup(codes, table, s, out):
     """``out[i] = table[codes[i] + s]``; return the largest ``|code|`` for the range check.
 

@@ -21,8 +21,9 @@ import struct
 
 import numpy as np
 
-from .._jit import njit, prange
+from .._jit import prange
 from ..errors import PayloadError
+from ._shared_kernels import sized_kernel
 from .base import FLAG_OVERFLOW, Codec, register_codec
 
 __all__ = ["OneBitCodec"]
@@ -33,7 +34,7 @@ _SCALE = struct.Struct("<f")
 _BLOCK_BYTES = 4096
 
 
-@njit(parallel=True)
+@sized_kernel()
 def _pack_signs(x, bits, partial):
     """Pack the signs of ``x`` into ``bits`` and return sum|x| in one pass.
 
@@ -77,7 +78,7 @@ def _pack_signs(x, bits, partial):
     return total
 
 
-@njit(parallel=True)
+@sized_kernel(size_arg=2)
 def _unpack_signs(bits, scale, out):
     """Write ``-scale`` where the bit is set and ``+scale`` elsewhere."""
     n = out.size

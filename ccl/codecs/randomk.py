@@ -23,14 +23,13 @@ Body layout (little-endian, after the 32-byte header)::
     offset 16  k float32 values, in ascending index order
 """
 
-import math
 import struct
 
 import numpy as np
 
 from .._jit import njit, prange
 from ..errors import PayloadError
-from ._hashrng import stream64, uniform_below
+from ._shared_kernels import sized_kernel, stream64, uniform_below
 from .base import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS, Codec, register_codec
 
 __all__ = ["RandomKCodec", "randomk_indices"]
@@ -51,7 +50,7 @@ def _popcount(w):
     return (w * np.uint64(0x0101010101010101)) >> np.uint64(56)
 
 
-@njit(parallel=True)
+@sized_kernel(size_arg=1)
 def _sample_sorted(seed, d, k, out):
     """Write ``k`` distinct indices drawn uniformly from ``[0, d)`` into ``out``, ascending."""
     invert = 2 * k > d
@@ -92,19 +91,19 @@ def _sample_sorted(seed, d, k, out):
                 word ^= low
 
 
-@njit(parallel=True)
+@sized_kernel(size_arg=1)
 def _gather(x, idx, factor, out):
     for i in prange(idx.size):
         out[i] = x[idx[i]] * factor
 
 
-@njit(parallel=True)
+@sized_kernel(size_arg=1)
 def _gather_unscaled(x, idx, out):
     for i in prange(idx.size):
         out[i] = x[idx[i]]
 
 
-@njit(parallel=True)
+@sized_kernel(size_arg=1)
 def _scatter(values, idx, out):
     for i in prange(idx.size):
         out[idx[i]] = values[i]

@@ -1,4 +1,7 @@
-"""Counter-based random numbers and small scale helpers shared by the sampling codecs.
+"""Helpers shared by the onebit, randomk and dithering kernels.
+
+Counter-based random numbers, float32 scale rounding, and
+:func:`sized_kernel`, which runs small inputs on one thread.
 
 A counter-based generator is a pure function of ``(seed, counter)``: there is
 no state to carry from one call to the next, so a rank that skips a step (or
@@ -12,7 +15,12 @@ import numpy as np
 
 from .._jit import njit
 
-__all__ = ["mix64", "stream64", "uniform_below", "f32_round_up", "block_ranges"]
+__all__ = ["mix64", "stream64", "uniform_below", "f32_round_up", "sized_kernel",
+           "PARALLEL_MIN_SIZE"]
+
+# Below this many elements a kernel runs serially: waking numba's thread pool costs
+# microseconds on an idle node and up to milliseconds on a busy one, more than the work.
+PARALLEL_MIN_SIZE = 1 << 17
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -89,6 +97,29 @@ def f32_round_up(value):
     return float(f)
 
 
-def block_ranges(n, block):
-    """Number of ``block``-sized pieces covering ``n`` elements (the last may be short)."""
-    return (n + block - 1) // block
+class _SizedKernel:
+    """A kernel compiled twice, parallel and serial, chosen per call by the work size."""
+
+    def __init__(self, func, size_arg):
+        self.py_func = func
+        self.parallel = njit(parallel=True)(func)
+        self.serial = njit(func)
+        self._size_arg = size_arg
+
+    def __call__(self, *args):
+        size = args[self._size_arg]
+        size = size.size if isinstance(size, np.ndarray) else int(size)
+        kernel = self.parallel if size >= PARALLEL_MIN_SIZE else self.serial
+        return kernel(*args)
+
+
+def sized_kernel(size_arg=0):
+    """Decorator: compile ``func`` with ``prange`` parallel and serial; small calls run serially.
+
+    Parameters
+    ----------
+    size_arg : int
+        Position of the argument that measures the work: an array (its
+        ``size``) or an int.
+    """
+    return lambda func: _SizedKernel(func, size_arg)
