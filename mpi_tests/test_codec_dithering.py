@@ -11,7 +11,8 @@ from ccl.codecs.dithering import _dither_natural
 from ccl.errors import PayloadError
 from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
     check_roundtrip
-from ef_checks import check_parallel_matches_serial, run_error_feedback
+from lossy_checks import check_parallel_matches_serial, check_unaligned_decode, \
+    run_error_feedback
 
 CONFIGS = [{}, {"levels": 7, "partition": "natural"}, {"levels": 300}, {"levels": 1},
            {"levels": 5, "norm": "l2", "seed": 4}, {"levels": 2000, "partition": "natural"}]
@@ -208,11 +209,7 @@ def test_malformed_payloads():
 
 
 def test_unaligned_payload_decodes():
-    codec = DitheringCodec(levels=1000)
-    payload = codec.encode(data(40, 8))
-    buf = np.empty(payload.size + 1, np.uint8)[1:]
-    buf[:] = payload
-    np.testing.assert_array_equal(codec.decode(buf), codec.decode(payload))
+    check_unaligned_decode(DitheringCodec(levels=1000), data(40, 8))
 
 
 @settings(max_examples=200, deadline=None)

@@ -12,7 +12,8 @@ from ccl.codecs.randomk import randomk_indices
 from ccl.errors import PayloadError
 from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
     check_roundtrip
-from ef_checks import check_parallel_matches_serial, run_error_feedback
+from lossy_checks import check_parallel_matches_serial, check_unaligned_decode, \
+    run_error_feedback
 
 CONFIGS = [{}, {"density": 0.25, "seed": 3}, {"k": 5}, {"density": 0.9, "scale": True},
            {"density": 1.0, "scale": False}]
@@ -69,8 +70,9 @@ def test_indices_shared_across_ranks_and_fresh_each_step():
         d, CodecContext(step=4, key="w", chunk=2)), base)
     # what two ranks encode lands on the same support
     x = np.random.default_rng(0).standard_normal((2, d)).astype(np.float32) + 5
+    ctxs = (CodecContext(step=4, rank=0), CodecContext(step=4, rank=1))
     supports = [np.flatnonzero(codec.decode(codec.encode(x[r], ctx), ctx))
-                for r, ctx in enumerate((CodecContext(step=4, rank=0), CodecContext(step=4, rank=1)))]
+                for r, ctx in enumerate(ctxs)]
     np.testing.assert_array_equal(supports[0], supports[1])
 
 
@@ -224,11 +226,7 @@ def test_malformed_payloads():
 
 
 def test_unaligned_payload_decodes():
-    codec = RandomKCodec(density=0.3)
-    payload = codec.encode(np.arange(1, 50, dtype=np.float32))
-    buf = np.empty(payload.size + 1, np.uint8)[1:]
-    buf[:] = payload
-    np.testing.assert_array_equal(codec.decode(buf), codec.decode(payload))
+    check_unaligned_decode(RandomKCodec(density=0.3), np.arange(1, 50, dtype=np.float32))
 
 
 @settings(max_examples=200, deadline=None)

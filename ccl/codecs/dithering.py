@@ -12,8 +12,8 @@ unbiased: ``E[decode(encode(x))] = x``. Two level sets ("partitions"):
   ``2^(1-s) * scale``).
 
 Randomness is per rank (``ctx.seed(seed, per_rank=True)``): the rounding of
-element ``i`` uses bits of SplitMix64 output ``i // 2`` (low 32 bits for even
-``i``, high 32 bits for odd ``i``), so it is reproducible and needs no state.
+element ``i`` compares the high 32 bits of SplitMix64 output ``i`` with the
+probability, so it is reproducible, needs no state, and vectorises.
 
 Body layout (little-endian, after the 32-byte header)::
 
@@ -145,7 +145,7 @@ def _natural_level(r, s, c_low):
 
 @sized_kernel()
 def _dither_natural(x, inv_scale, s, c_low, seed, out):
-    """Round ``|x| * inv_scale`` stochastically to the level index of a neighbouring power of two."""
+    """Round ``|x| * inv_scale`` stochastically to a neighbouring power-of-two level index."""
     for i in prange(x.size):
         v = x[i]
         j, p = _natural_level(min(abs(np.float64(v)) * inv_scale, 1.0), s, c_low)

@@ -21,7 +21,7 @@ import struct
 
 import numpy as np
 
-from .._jit import prange
+from .._jit import njit, prange
 from ..errors import PayloadError
 from ._shared_kernels import sized_kernel
 from .base import FLAG_OVERFLOW, Codec, register_codec
@@ -32,6 +32,12 @@ _SCALE = struct.Struct("<f")
 # Bytes of packed output per parallel block (32768 input values): large enough to
 # amortise scheduling, small enough to give every thread work on a 1M-value chunk.
 _BLOCK_BYTES = 4096
+
+
+@njit
+def _bit(v, shift):
+    # 1 << shift where v is negative; zero and -0.0 count as positive
+    return np.uint32(v < 0) << np.uint32(shift)
 
 
 @sized_kernel()
@@ -60,10 +66,8 @@ def _pack_signs(x, bits, partial):
             a5 += abs(v5)
             a6 += abs(v6)
             a7 += abs(v7)
-            bits[j] = np.uint8((np.uint32(v0 < 0) << np.uint32(7)) | (np.uint32(v1 < 0) << np.uint32(6))
-                               | (np.uint32(v2 < 0) << np.uint32(5)) | (np.uint32(v3 < 0) << np.uint32(4))
-                               | (np.uint32(v4 < 0) << np.uint32(3)) | (np.uint32(v5 < 0) << np.uint32(2))
-                               | (np.uint32(v6 < 0) << np.uint32(1)) | np.uint32(v7 < 0))
+            bits[j] = np.uint8(_bit(v0, 7) | _bit(v1, 6) | _bit(v2, 5) | _bit(v3, 4)
+                               | _bit(v4, 3) | _bit(v5, 2) | _bit(v6, 1) | _bit(v7, 0))
         partial[b] = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
     total = 0.0
     for b in range(partial.size):
@@ -73,7 +77,7 @@ def _pack_signs(x, bits, partial):
         for i in range(8 * full, n):
             v = x[i]
             total += abs(v)
-            last |= np.uint32(v < 0) << np.uint32(7 - (i - 8 * full))
+            last |= _bit(v, 7 - (i - 8 * full))
         bits[full] = np.uint8(last)
     return total
 

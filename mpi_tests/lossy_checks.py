@@ -1,4 +1,5 @@
-"""Error-feedback loops for lossy codecs, as the collectives run them at one lossy point."""
+"""Checks shared by the lossy codecs' tests: error-feedback loops (as the collectives run
+them at one lossy point), parallel-versus-serial kernels, unaligned payloads."""
 
 import numpy as np
 
@@ -62,3 +63,11 @@ def check_parallel_matches_serial(monkeypatch, codec, x, ctx=None):
     np.testing.assert_array_equal(codec.encode(x, ctx), payload)
     np.testing.assert_array_equal(codec.decode(payload, ctx), decoded)
     return payload, decoded
+
+
+def check_unaligned_decode(codec, x, ctx=None):
+    """A payload at an odd address (as sliced from a receive buffer) decodes the same."""
+    payload = codec.encode(x, ctx)
+    buf = np.empty(payload.size + 1, np.uint8)[1:]
+    buf[:] = payload
+    np.testing.assert_array_equal(codec.decode(buf, ctx), codec.decode(payload, ctx))
