@@ -8,13 +8,16 @@ decorate with :func:`register_codec` to add one.
 from .base import (CodecContext, Codec, Header, HEADER_SIZE, FLAG_NONFINITE, FLAG_OVERFLOW,
                    get_codec, register_codec, registered_codecs)
 from .casts import BF16Codec, FP16Codec, NoneCodec
+from .dithering import DitheringCodec
+from .onebit import OneBitCodec
+from .randomk import RandomKCodec
 from .sparse import DGCCodec, SIDCoCodec, TopKCodec
-from .threelc import ThreeLCCodec
 from .thc import THCCodec
+from .threelc import ThreeLCCodec
 
 __all__ = [
     "Codec", "CodecContext", "Header", "HEADER_SIZE", "FLAG_NONFINITE", "FLAG_OVERFLOW",
     "get_codec", "register_codec", "registered_codecs",
-    "NoneCodec", "FP16Codec", "BF16Codec", "ThreeLCCodec",
-    "SIDCoCodec", "TopKCodec", "DGCCodec", "THCCodec",
+    "NoneCodec", "FP16Codec", "BF16Codec", "ThreeLCCodec", "THCCodec",
+    "SIDCoCodec", "TopKCodec", "DGCCodec", "OneBitCodec", "RandomKCodec", "DitheringCodec",
 ]

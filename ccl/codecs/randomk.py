@@ -1,0 +1,282 @@
+"""The ``randomk`` codec: k values at indices every rank draws from a shared seed.
+
+All ranks draw the same k distinct indices from ``ctx.seed(seed)``, which
+depends on (seed, step, key, chunk) and never on the rank, so only the
+values travel and two payloads add exactly as float32 vectors: the codec is
+homomorphic and any ring or tree can sum payloads without a lossy relay.
+
+The indices come from a counter-based generator (SplitMix64 of the seed and
+a draw counter) with no state carried between calls: a rank that skips a
+step cannot fall out of step. Robert Floyd's algorithm marks ``m = min(k,
+d - k)`` distinct indices in a bitmap of ``d`` bits (when ``k > d/2`` the
+``d - k`` marked indices are the ones left out), and a parallel scan of the
+bitmap lists the chosen indices in ascending order: ``O(min(k, d - k) +
+d / 64)`` work and ``d / 8`` bytes of scratch, no sort.
+
+Body layout (little-endian, after the 32-byte header)::
+
+    offset 0   uint64   k, the number of values (depends only on n and the config)
+    offset 8   uint32   seed hash: low 32 bits of SplitMix64 output number n of the
+                        stream seeded with ctx.seed(seed) (n = element count)
+    offset 12  uint8    1 if the values were multiplied by n / k (``scale=True``), else 0
+    offset 13  3 bytes  zero (keeps the values 4-byte aligned)
+    offset 16  k float32 values, in ascending index order
+"""
+
+import struct
+
+import numpy as np
+
+from .._jit import njit, prange
+from ..errors import PayloadError
+from ._shared_kernels import sized_kernel, stream64, uniform_below
+from .base import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS, Codec, register_codec
+
+__all__ = ["RandomKCodec", "randomk_indices"]
+
+_BODY = struct.Struct("<QIB3x")
+_BLOCK_WORDS = 1024  # 65536 candidate indices per parallel block of the bitmap scan
+_ONE = np.uint64(1)
+_SIX = np.uint64(6)
+_LOW6 = np.uint64(63)
+
+
+@njit
+def _popcount(w):
+    # SWAR population count; LLVM turns this idiom into one popcnt instruction.
+    w = w - ((w >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    w = (w & np.uint64(0x3333333333333333)) + ((w >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    w = (w + (w >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return (w * np.uint64(0x0101010101010101)) >> np.uint64(56)
+
+
+@sized_kernel(size_arg=1)
+def _sample_sorted(seed, d, k, out):
+    """Write ``k`` distinct indices drawn uniformly from ``[0, d)`` into ``out``, ascending."""
+    invert = 2 * k > d
+    m = d - k if invert else k
+    nwords = (d + 63) // 64
+    words = np.zeros(nwords, dtype=np.uint64)
+    # Floyd: for j = d-m .. d-1 pick t uniform in [0, j]; if t is taken, take j instead.
+    # Every m-subset comes out with equal probability.
+    first = d - m
+    for c in range(m):
+        j = np.uint64(first + c)
+        t = uniform_below(seed, c, j + _ONE)
+        if (words[t >> _SIX] >> (t & _LOW6)) & _ONE:
+            t = j
+        words[t >> _SIX] |= _ONE << (t & _LOW6)
+    if invert:
+        for w in prange(nwords):
+            words[w] = ~words[w]
+        if d % 64:
+            words[nwords - 1] &= (_ONE << np.uint64(d % 64)) - _ONE
+    nblocks = (nwords + _BLOCK_WORDS - 1) // _BLOCK_WORDS
+    offsets = np.zeros(nblocks + 1, dtype=np.int64)
+    for b in prange(nblocks):
+        count = 0
+        for w in range(b * _BLOCK_WORDS, min((b + 1) * _BLOCK_WORDS, nwords)):
+            count += _popcount(words[w])
+        offsets[b + 1] = count
+    for b in range(nblocks):
+        offsets[b + 1] += offsets[b]
+    for b in prange(nblocks):
+        pos = offsets[b]
+        for w in range(b * _BLOCK_WORDS, min((b + 1) * _BLOCK_WORDS, nwords)):
+            word = words[w]
+            while word:
+                low = word & (~word + _ONE)
+                out[pos] = 64 * w + np.int64(_popcount(low - _ONE))
+                pos += 1
+                word ^= low
+
+
+@sized_kernel(size_arg=1)
+def _gather(x, idx, factor, out):
+    for i in prange(idx.size):
+        out[i] = x[idx[i]] * factor
+
+
+@sized_kernel(size_arg=1)
+def _gather_unscaled(x, idx, out):
+    for i in prange(idx.size):
+        out[i] = x[idx[i]]
+
+
+@sized_kernel(size_arg=1)
+def _scatter(values, idx, out):
+    for i in prange(idx.size):
+        out[idx[i]] = values[i]
+
+
+def randomk_indices(seed, d, k):
+    """The ``k`` indices in ``[0, d)`` that every rank draws from ``seed``, ascending.
+
+    Parameters
+    ----------
+    seed : int
+        A 64-bit seed, usually ``ctx.seed(codec.seed)``.
+    d : int
+        Number of candidates.
+    k : int
+        Number of indices, ``0 <= k <= d``.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 array of ``k`` distinct sorted indices.
+    """
+    if not 0 <= k <= d:
+        raise ValueError(f"need 0 <= k <= d, got k={k}, d={d}")
+    out = np.empty(k, dtype=np.int64)
+    if k:
+        _sample_sorted(np.uint64(seed), d, k, out)
+    return out
+
+
+def _seed_hash(seed, d):
+    # Covers the element count too, so a corrupted count is caught before allocating.
+    return int(stream64(np.uint64(seed), np.uint64(d))) & 0xFFFFFFFF
+
+
+@register_codec
+class RandomKCodec(Codec):
+    """k values per chunk at indices drawn from a seed shared by all ranks.
+
+    Parameters
+    ----------
+    density : float, optional
+        Fraction of the values sent, ``0 < density <= 1``: a chunk of ``d``
+        values sends ``k = max(1, round(density * d))`` (at most ``d``).
+        Default 0.01 when ``k`` is not given.
+    k : int, optional
+        Number of values sent per chunk (``>= 1``; chunks smaller than ``k``
+        send every value). Give ``density`` or ``k``, not both.
+    seed : int
+        Base seed (``>= 0``); the indices also depend on step, key and chunk.
+    scale : bool or None
+        ``True`` multiplies the values by ``d / k``, the unbiased estimator
+        for use without error feedback. ``None`` (default) or ``False`` sends
+        them unscaled, for use with the collectives' error feedback, which
+        keeps every value not sent in the residual.
+
+    Notes
+    -----
+    Homomorphic and exact: :meth:`add` sums two value vectors in float32, and
+    ``decode(add(a, b)) == decode(a) + decode(b)`` bit for bit. 32 bits per
+    value sent (``32 k / d`` per element) plus a 16-byte body header. Decode
+    needs the encode's step, key and chunk (as the collectives pass them);
+    another context is detected by the seed hash and raises
+    :class:`ccl.PayloadError`.
+    """
+
+    codec_id = "randomk"
+    wire_id = 9
+    homomorphic = True
+    error_feedback = True
+
+    def __init__(self, density=None, k=None, seed=0, scale=None):
+        if density is not None and k is not None:
+            raise ValueError("randomk: give either density or k, not both")
+        if k is not None:
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+                raise ValueError(f"randomk: k must be an int >= 1, got {k!r}")
+            k = int(k)
+        else:
+            density = 0.01 if density is None else density
+            if isinstance(density, bool) or not isinstance(density, (int, float, np.number)) \
+                    or not 0 < float(density) <= 1:
+                raise ValueError(f"randomk: density must be a number with 0 < density <= 1, "
+                                 f"got {density!r}")
+            density = float(density)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"randomk: seed must be an int >= 0, got {seed!r}")
+        if scale is not None and not isinstance(scale, (bool, np.bool_)):
+            raise ValueError(f"randomk: scale must be True, False or None, got {scale!r}")
+        self.density = density
+        self.k = k
+        self.seed = int(seed)
+        self.scale = None if scale is None else bool(scale)
+
+    def count(self, d):
+        """Number of values sent for a chunk of ``d`` elements."""
+        if d == 0:
+            return 0
+        if self.k is not None:
+            return min(self.k, d)
+        return min(d, max(1, int(round(self.density * d))))
+
+    def indices(self, d, ctx):
+        """The sorted indices a chunk of ``d`` elements sends under ``ctx``."""
+        return randomk_indices(ctx.seed(self.seed), d, self.count(d))
+
+    def _encode(self, x, ctx):
+        d = x.size
+        k = self.count(d)
+        seed = ctx.seed(self.seed)
+        idx = randomk_indices(seed, d, k)
+        body = np.empty(_BODY.size + 4 * k, dtype=np.uint8)
+        body[:_BODY.size] = np.frombuffer(_BODY.pack(k, _seed_hash(seed, d), int(bool(self.scale))),
+                                          dtype=np.uint8)
+        values = body[_BODY.size:].view(np.float32)
+        if not k:
+            return body, 0
+        if self.scale:
+            _gather(x, idx, d / k, values)
+        else:
+            _gather_unscaled(x, idx, values)
+        # float64 input beyond the float32 range, or a scaled value beyond it
+        if x.dtype != np.float32 or self.scale:
+            if not np.isfinite(values).all():
+                return np.empty(0, np.uint8), FLAG_OVERFLOW
+        return body, 0
+
+    def _parse(self, header, body):
+        """Validate a body against its header; return ``(k, seed_hash, values)``."""
+        if body.size < _BODY.size:
+            raise PayloadError(f"randomk: body of {body.size} bytes is shorter than its "
+                               f"{_BODY.size}-byte header")
+        k, seed_hash, scaled = _BODY.unpack(body[:_BODY.size].tobytes())
+        if body[13:_BODY.size].any():
+            raise PayloadError("randomk: reserved body bytes are not zero")
+        if scaled != int(bool(self.scale)):
+            raise PayloadError(f"randomk: payload scaled flag {scaled} does not match the "
+                               f"codec's scale={self.scale!r}")
+        expected = self.count(header.n)
+        if k != expected or body.size != _BODY.size + 4 * k:
+            raise PayloadError(f"randomk: payload holds {k} values in {body.size} bytes for "
+                               f"{header.n} elements; this codec sends {expected}")
+        values = body[_BODY.size:].view(np.float32)
+        if not np.isfinite(values).all():
+            raise PayloadError("randomk: payload holds non-finite values")
+        return k, seed_hash, values
+
+    def _decode(self, header, body, ctx):
+        # With an explicit k the body size does not bound n: without the receiver's
+        # expected count (ctx.n, checked by the base class) cap what may be allocated.
+        if ctx.n is None and header.n > MAX_UNCHECKED_ELEMENTS:
+            raise PayloadError(f"randomk: payload claims {header.n} elements; pass "
+                               "CodecContext(n=...) to decode payloads this large")
+        k, seed_hash, values = self._parse(header, body)
+        seed = ctx.seed(self.seed)
+        if seed_hash != _seed_hash(seed, header.n):
+            raise PayloadError("randomk: payload was drawn with another seed, step, key or chunk "
+                               "than the context it is decoded with")
+        out = np.zeros(header.n, dtype=np.float32)
+        if k:
+            _scatter(values, randomk_indices(seed, header.n, k), out)
+        return out
+
+    def _add(self, ha, a_body, hb, b_body, ctx):
+        _, hash_a, va = self._parse(ha, a_body)
+        _, hash_b, vb = self._parse(hb, b_body)
+        if hash_a != hash_b:
+            raise PayloadError("randomk: cannot add payloads drawn with different seeds "
+                               "(another step, key, chunk or seed)")
+        contributors = ha.contributors + hb.contributors
+        body = a_body.copy()
+        with np.errstate(over="ignore"):  # overflow is reported by the flag below
+            np.add(va, vb, out=body[_BODY.size:].view(np.float32))
+        if not np.isfinite(body[_BODY.size:].view(np.float32)).all():
+            return self.flagged_payload(ha.n, FLAG_OVERFLOW, contributors, dtype=ha.dtype)
+        return self.pack(body, ha.n, contributors=contributors, dtype=ha.dtype)
