@@ -42,8 +42,10 @@ def _crc(value):
 class _Request:
     """One rank's arguments to a collective, validated without raising yet."""
 
-    def __init__(self, collective, x, codec, op, algorithm, check_finite, size):
+    def __init__(self, collective, x, codec, op, algorithm, check_finite, size,
+                 partition_bytes=None, min_compress_bytes=None):
         self.collective = collective
+        self.partition_bytes, self.min_compress_bytes = partition_bytes, min_compress_bytes
         self.error = None
         self.codec = self.x = self.flat = self.algorithm = None
         self.op, self.requested = op, algorithm
@@ -104,7 +106,7 @@ class _Request:
             len(shape),
             _crc(shape),
             _OPS.index(self.op) if self.op in _OPS else -1,
-            _crc(self.requested),
+            _crc((self.requested, self.partition_bytes, self.min_compress_bytes)),
             _crc(self.algorithm),
             int(self.nonfinite),
         ], dtype=np.int64)
@@ -115,7 +117,8 @@ class _Request:
             return self.codec.get_config() if self.codec is not None else None
         return {"collective": self.collective, "dtype": getattr(self.x, "dtype", None),
                 "ndim": getattr(self.x, "ndim", None), "shape": getattr(self.x, "shape", None),
-                "op": self.op, "algorithm": self.requested,
+                "op": self.op,
+                "algorithm": (self.requested, self.partition_bytes, self.min_compress_bytes),
                 "resolved algorithm": self.algorithm}.get(name)
 
 
@@ -163,25 +166,63 @@ def _shared_parameters(call, flat, parts):
     call.shared = [agreed[offsets[j]:offsets[j + 1]] for j in range(parts)]
 
 
-def _run(channel, feedback, collective, x, codec, op, algorithm, key, check_finite, timeout):
+def _pieces(request, size):
+    """Split the flat input into ``(start, stop, codec, algorithm)`` pieces.
+
+    With ``partition_bytes`` an allreduce runs partition by partition (each
+    with its own chunk map and residuals, as BytePS-Compress does); a piece
+    smaller than ``min_compress_bytes`` is sent uncompressed.
+    """
+    flat, codec, algo = request.flat, request.codec, request.algorithm
+    n, itemsize = flat.size, request.x.dtype.itemsize
+    per = n
+    if request.partition_bytes and request.collective == "allreduce":
+        per = max(1, request.partition_bytes // itemsize)
+    pieces = []
+    for start in range(0, max(n, 1), max(per, 1)):
+        stop = min(start + per, n)
+        piece_codec, piece_algo = codec, algo
+        nbytes = (stop - start) * itemsize
+        if request.min_compress_bytes and nbytes < request.min_compress_bytes:
+            piece_codec = get_codec("none")
+            if request.collective == "allreduce":
+                piece_algo = "mpi" if flat.dtype in _DTYPES[:2] else "ring"
+        elif request.requested == "auto" and per < n:
+            piece_algo = collectives.auto.choose(codec, nbytes, size, request.x.dtype,
+                                                 request.collective)
+        pieces.append((start, stop, piece_codec, piece_algo))
+    return pieces
+
+
+def _run(channel, feedback, collective, x, codec, op, algorithm, key, check_finite, timeout,
+         partition_bytes=None, min_compress_bytes=None):
     """Validate, agree, run the algorithm and finish the result, on every rank alike."""
     timeout = default_timeout() if timeout is None else timeout
     tag = channel.begin(f"{collective}(key={key!r})", timeout)
     try:
-        request = _Request(collective, x, codec, op, algorithm, check_finite, channel.size)
+        request = _Request(collective, x, codec, op, algorithm, check_finite, channel.size,
+                           partition_bytes, min_compress_bytes)
         _agree(channel, request)
         codec, flat, algo, p = request.codec, request.flat, request.algorithm, channel.size
-        channel.activity = f"{collective}(key={key!r}, codec={codec.codec_id!r}, algorithm={algo!r})"
+        channel.activity = (f"{collective}(key={key!r}, codec={codec.codec_id!r}, "
+                            f"algorithm={algo!r})")
         if op == "mean" and codec.predivide_mean and p > 1:
             flat = flat / p
         state = None
         if key is not None:
-            layout = (flat.size, flat.dtype.str, algo, codec.config_hash, p)
+            layout = (flat.size, flat.dtype.str, algo, codec.config_hash, p, partition_bytes,
+                      min_compress_bytes)
             state, flat = feedback.begin(key, layout, flat)
         step = state.step if state is not None else channel.calls
+        pieces = _pieces(request, p)
         try:
-            total, skip = _dispatch(channel, collective, codec, flat, algo, key, state, step,
-                                    tag)
+            results, skip = [], set()
+            for index, (start, stop, piece_codec, piece_algo) in enumerate(pieces):
+                result, nonfinite = _dispatch(channel, collective, piece_codec,
+                                              flat[start:stop], piece_algo, key, state, step,
+                                              tag, offset=start, chunk_base=index * p)
+                results.append(result)
+                skip.update(nonfinite)
         except BaseException:
             if state is not None:
                 state.discard()
@@ -190,6 +231,7 @@ def _run(channel, feedback, collective, x, codec, op, algorithm, key, check_fini
             state.commit(skip_chunks=skip)
     finally:
         channel.end()
+    total = results[0] if len(results) == 1 else np.concatenate(results)
     if op == "mean" and not codec.predivide_mean and p > 1:
         total = total / p
     if collective != "allreduce":
@@ -197,20 +239,23 @@ def _run(channel, feedback, collective, x, codec, op, algorithm, key, check_fini
     return total.astype(request.x.dtype, copy=False).reshape(request.x.shape)
 
 
-def _dispatch(channel, collective, codec, flat, algo, key, state, step, tag):
+def _dispatch(channel, collective, codec, flat, algo, key, state, step, tag, offset=0,
+              chunk_base=0):
     """Run ``algo`` for ``collective``.
 
     Returns the flat (summed) result and the chunks whose result is NaN
     (their residuals are not updated).
     """
     if collective == "allgather":
-        call = collectives.Call(channel, codec, flat.size, 1, tag, step, key, state)
+        call = collectives.Call(channel, codec, flat.size, 1, tag, step, key, state, offset,
+                                chunk_base)
         result = collectives.allgather.gather_blocks(call, flat)
     elif algo == "mpi":
         return channel.allreduce_sum(flat), ()
     else:
         parts = channel.size if algo in collectives.CHUNKED else 1
-        call = collectives.Call(channel, codec, flat.size, parts, tag, step, key, state)
+        call = collectives.Call(channel, codec, flat.size, parts, tag, step, key, state, offset,
+                                chunk_base)
         _shared_parameters(call, flat, parts)
         module = collectives.ALGORITHMS[algo]
         if collective == "allreduce":
@@ -354,18 +399,27 @@ class Communicator:
         Default of ``check_finite``.
     timeout : float, optional
         Default timeout in seconds (see :func:`compressed_allreduce`).
+    partition_bytes : int or None
+        An allreduce runs in partitions of at most this many bytes, each with
+        its own chunk map and error-feedback residuals (worker and owner), as
+        BytePS-Compress does; bounds memory and keeps scales local. ``None``
+        or 0: one partition.
+    min_compress_bytes : int or None
+        Tensors (and partitions) smaller than this are sent uncompressed,
+        where latency dominates and compression cannot pay. ``None`` or 0:
+        compress everything (useful in tests on tiny data).
 
     Examples
     --------
     >>> import numpy as np, ccl
-    >>> c = ccl.Communicator(codec="fp16", algorithm="ring")
+    >>> c = ccl.Communicator(codec="fp16", algorithm="ring", min_compress_bytes=0)
     >>> y = c.allreduce(np.ones(8, np.float32), key="w")
     >>> sorted(c.state_dict()["feedback"]) == ["w"]
     True
     """
 
     def __init__(self, comm=None, codec=None, algorithm="auto", op="sum", check_finite=False,
-                 timeout=None):
+                 timeout=None, partition_bytes=4_096_000, min_compress_bytes=65_536):
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self._channel = _channel(self.comm)
         self.codec = get_codec(codec)
@@ -376,6 +430,12 @@ class Communicator:
             raise ValueError(f"op must be 'sum' or 'mean', got {op!r}")
         self.algorithm, self.op = algorithm, op
         self.check_finite, self.timeout = check_finite, timeout
+        for name, value in (("partition_bytes", partition_bytes),
+                            ("min_compress_bytes", min_compress_bytes)):
+            if value is not None and (not isinstance(value, (int, np.integer)) or value < 0):
+                raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+        self.partition_bytes = int(partition_bytes) if partition_bytes else None
+        self.min_compress_bytes = int(min_compress_bytes) if min_compress_bytes else None
         self.feedback = ErrorFeedback()
 
     @property
@@ -393,7 +453,8 @@ class Communicator:
                     self.codec if codec is None else codec,
                     self.op if op is None else op,
                     self.algorithm if algorithm is None else algorithm, key,
-                    self.check_finite if check_finite is None else check_finite, self.timeout)
+                    self.check_finite if check_finite is None else check_finite, self.timeout,
+                    self.partition_bytes, self.min_compress_bytes)
 
     def allreduce(self, x, key=None, op=None, algorithm=None, check_finite=None, codec=None):
         """:func:`compressed_allreduce` with this communicator's defaults and state."""

@@ -36,7 +36,7 @@ def test_error_feedback_conservation(comm, codec, algorithm):
     if not get_codec(codec).error_feedback:
         pytest.skip("codec keeps no residuals")
     n, steps = 2003, 50
-    c = ccl.Communicator(comm, codec=codec, algorithm=algorithm)
+    c = ccl.Communicator(comm, codec=codec, algorithm=algorithm, min_compress_bytes=0)
     delivered, put_in = np.zeros(n), np.zeros(n)
     for step in range(steps):
         delivered += c.allreduce(rank_input(comm.rank, n, step=step), key="w")
@@ -50,7 +50,7 @@ def test_error_feedback_conservation(comm, codec, algorithm):
 @pytest.mark.parametrize("codec", CODECS)
 def test_nonfinite_chunk_is_nan_everywhere_and_residuals_unpoisoned(comm, codec, algorithm):
     n = 3000
-    c = ccl.Communicator(comm, codec=codec, algorithm=algorithm)
+    c = ccl.Communicator(comm, codec=codec, algorithm=algorithm, min_compress_bytes=0)
     c.allreduce(rank_input(comm.rank, n, step=1), key="k")
     x = rank_input(comm.rank, n)
     if comm.rank == 0:

@@ -116,7 +116,7 @@ def test_allgather_blocks_of_different_lengths(comm, codec):
 def test_error_feedback_conserves_mass(comm, algorithm):
     """delivered + residuals held == sum of inputs, over 50 steps (test-stepquant: lossy)."""
     n, steps = 1003, 50
-    c = ccl.Communicator(comm, codec="test-stepquant", algorithm=algorithm)
+    c = ccl.Communicator(comm, codec="test-stepquant", algorithm=algorithm, min_compress_bytes=0)
     delivered = np.zeros(n)
     put_in = np.zeros(n)
     for step in range(steps):
@@ -132,7 +132,7 @@ def test_error_feedback_conserves_mass(comm, algorithm):
 
 def test_error_feedback_changes_algorithm_without_losing_mass(comm):
     n = 517
-    c = ccl.Communicator(comm, codec="test-stepquant")
+    c = ccl.Communicator(comm, codec="test-stepquant", min_compress_bytes=0)
     delivered, put_in = np.zeros(n), np.zeros(n)
     for step, algorithm in enumerate(["ring", "tree", "direct", "allgather", "ring"] * 4):
         delivered += c.allreduce(rank_input(comm.rank, n, step=step), key="k",
@@ -155,11 +155,13 @@ def test_keyed_module_function_keeps_state_on_the_communicator(comm):
 
 def test_state_dict_round_trip_continues_exactly(comm):
     n = 777
-    a = ccl.Communicator(comm, codec="test-stepquant", algorithm="ring")
+    a = ccl.Communicator(comm, codec="test-stepquant", algorithm="ring",
+                         min_compress_bytes=0)
     for step in range(5):
         a.allreduce(rank_input(comm.rank, n, step=step), key="w")
     saved = a.state_dict()
-    b = ccl.Communicator(comm, codec="test-stepquant", algorithm="ring")
+    b = ccl.Communicator(comm, codec="test-stepquant", algorithm="ring",
+                         min_compress_bytes=0)
     b.load_state_dict(saved)
     for step in range(5, 10):
         x = rank_input(comm.rank, n, step=step)
@@ -236,7 +238,7 @@ def test_nonfinite_input_propagates_consistently(comm, codec, algorithm):
     if comm.rank == comm.size - 1:
         x[3] = np.nan
         x[n - 1] = np.inf
-    c = ccl.Communicator(comm, codec=codec, algorithm=algorithm)
+    c = ccl.Communicator(comm, codec=codec, algorithm=algorithm, min_compress_bytes=0)
     c.allreduce(rank_input(comm.rank, n, step=1), key="k")
     before = c.feedback.get("k").held(n)
     y = c.allreduce(x, key="k")
@@ -313,7 +315,8 @@ def test_comm_self_and_split_subcommunicators(comm):
 
 
 def test_interleaved_keys_keep_separate_state(comm):
-    c = ccl.Communicator(comm, codec="test-stepquant", algorithm="direct")
+    c = ccl.Communicator(comm, codec="test-stepquant", algorithm="direct",
+                         min_compress_bytes=0)
     for step in range(3):
         for key in ("a", "b"):
             c.allreduce(rank_input(comm.rank, 64 if key == "a" else 90, step=step), key=key)

@@ -41,7 +41,7 @@ def measure(comm, specs, algorithms, n, steps, data="normal"):
             y = ccl.compressed_allreduce(x, codec, comm=comm, algorithm=algorithm)
             sent = comm.allreduce(ch.bytes_sent - before, op=MPI.MAX)
             single = float(np.linalg.norm(y - exact) / np.linalg.norm(exact))
-            c = ccl.Communicator(comm, codec=codec, algorithm=algorithm)
+            c = ccl.Communicator(comm, codec=codec, algorithm=algorithm, min_compress_bytes=0)
             run, run_exact = np.zeros(n), np.zeros(n)
             for step in range(steps):
                 x = _inputs(comm, n, step + 1, data)

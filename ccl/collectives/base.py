@@ -50,9 +50,15 @@ class Call:
         The user's key (None: no error feedback).
     state : ccl.feedback.KeyState or None
         Where residuals live; None disables error feedback.
+    offset : int
+        Where this call's input starts in the user's tensor (partitioned calls).
+    chunk_base : int
+        Id of this call's chunk 0 within the tensor (partitioned calls), so that
+        residuals, seeds and flags of different partitions never collide.
     """
 
-    def __init__(self, channel, codec, n, parts, tag, step, key, state):
+    def __init__(self, channel, codec, n, parts, tag, step, key, state, offset=0,
+                 chunk_base=0):
         self.channel = channel
         self.rank = channel.rank
         self.size = channel.size
@@ -62,6 +68,7 @@ class Call:
         self.step = step
         self.key = key
         self.state = state if codec.error_feedback else None
+        self.offset, self.chunk_base = offset, chunk_base
         self.shared = None  # per chunk: agreed statistics (homomorphic codecs)
         self.flags = 0  # OR of the flags of every payload the result was decoded from
         self.nonfinite_chunks = set()  # chunks whose result decoded to NaN
@@ -74,7 +81,8 @@ class Call:
     def context(self, j):
         """The :class:`CodecContext` for chunk ``j`` on this rank."""
         shared = None if self.shared is None else self.shared[j]
-        return CodecContext(step=self.step, key=self.key, chunk=j, rank=self.rank,
+        return CodecContext(step=self.step, key=self.key, chunk=self.chunk_base + j,
+                            rank=self.rank,
                             shared=shared, n=int(self.bounds[j + 1] - self.bounds[j]))
 
     # ------------------------------------------------------------------ codec
@@ -83,14 +91,15 @@ class Call:
         ctx = self.context(j)
         if self.state is None:
             return self.codec.encode(values, ctx)
-        point = (role, j)
+        point = (role, self.chunk_base + j)
         residual = self.state.residual(point)
         target = values if residual is None else values + residual
         payload = self.codec.encode(target, ctx)
         decoded, header = self.codec.decode_with_header(payload, ctx)
         if not header.flags:
             # A non-finite or overflowed chunk leaves the residual as it was (not poisoned).
-            self.state.stage(point, int(self.bounds[j]), int(self.bounds[j + 1]),
+            self.state.stage(point, self.offset + int(self.bounds[j]),
+                             self.offset + int(self.bounds[j + 1]),
                              (target - decoded).astype(target.dtype, copy=False))
         return payload
 
@@ -108,7 +117,11 @@ class Call:
         """Remember the flags of a payload of chunk ``j`` that the result is made of."""
         self.flags |= flags
         if flags & FLAG_NONFINITE:
-            self.nonfinite_chunks.add(j)
+            self.mark_nonfinite(j)
+
+    def mark_nonfinite(self, j):
+        """Record that chunk ``j``'s result is NaN (its residuals stay as they were)."""
+        self.nonfinite_chunks.add(self.chunk_base + j)
 
     def add(self, a, b, j):
         """Homomorphic sum of two payloads of chunk ``j``."""
@@ -119,7 +132,8 @@ class Call:
         stats = []
         for j in range(parts):
             values = self.chunk(x, j)
-            residual = None if self.state is None else self.state.residual((WORKER, j))
+            residual = (None if self.state is None
+                        else self.state.residual((WORKER, self.chunk_base + j)))
             stats.append(self.codec.shared_stats(values if residual is None
                                                  else values + residual))
         return stats

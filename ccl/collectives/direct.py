@@ -61,5 +61,5 @@ def reduce_scatter(call, x):
     if exact is None:
         return call.decode_result(owned, call.rank)
     if not np.isfinite(exact).all():
-        call.nonfinite_chunks.add(call.rank)
+        call.mark_nonfinite(call.rank)
     return exact

@@ -61,7 +61,7 @@ def reduce_scatter(call, x):
     owned, exact = _reduce_scatter(call, x, encode_owner=False)
     if exact is not None:
         if not np.isfinite(exact).all():
-            call.nonfinite_chunks.add(call.rank)
+            call.mark_nonfinite(call.rank)
         return exact
     return call.decode_result(owned, call.rank)
 
