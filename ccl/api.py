@@ -161,7 +161,11 @@ def _shared_parameters(call, flat, parts):
         return
     stats = call.shared_stats(flat, parts)
     lengths = [s.size for s in stats]
-    agreed = call.channel.allreduce_max(np.concatenate(stats) if stats else np.empty(0))
+    local = np.concatenate(stats) if stats else np.empty(0)
+    # MAX with a NaN operand depends on the reduction order, so ranks could agree on
+    # different values; +Inf is a maximum everywhere, and every rank then flags the chunk
+    local[~np.isfinite(local)] = np.inf
+    agreed = call.channel.allreduce_max(local)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     call.shared = [agreed[offsets[j]:offsets[j + 1]] for j in range(parts)]
 
