@@ -12,6 +12,8 @@ export MPIEXEC_TIMEOUT := $(RUN_TIMEOUT)
 export HYDRA_LAUNCHER := fork
 export CCL_NUMBA_CACHE := 1
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
+# Pinned exactly and installed before the extras: an open torch range pulls GBs of CUDA wheels.
+TORCH_PIN ?= torch==2.13.0
 PYTEST_MPI := -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) --timeout-method=thread
 
 .PHONY: demo test test-serial test-mpi install-test install-demo clean
@@ -23,7 +25,8 @@ $(VENV)/.demo: setup.py
 	touch $@
 
 $(VENV)/.test: setup.py $(VENV)/.demo
-	$(PY) -m pip install -q -e '.[test,mpich,bench]'
+	$(PY) -m pip install -q '$(TORCH_PIN)'
+	$(PY) -m pip install -q -e '.[test,mpich,bench,torch]'
 	touch $@
 
 install-demo: $(VENV)/.demo

@@ -17,7 +17,6 @@ import sys
 import time
 
 import torch
-from mpi4py import MPI
 
 import ccl
 import ccl.torch as ct

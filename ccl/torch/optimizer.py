@@ -261,7 +261,7 @@ class _Engine:
             self._thread = threading.Thread(target=_serve, args=(self._jobs, self.communicator),
                                             name="ccl.torch-comm", daemon=True)
             self._thread.start()
-        runtime.engines.add(self)
+        runtime.engines.append(self)
 
     def submit(self, job):
         """Queue a job; jobs run in submission order."""

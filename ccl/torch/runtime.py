@@ -9,7 +9,6 @@ message order.
 """
 
 import threading
-import weakref
 import zlib
 
 import numpy as np
@@ -37,10 +36,11 @@ class _Runtime:
         self.cross = self.comm.Split(self.local_rank, key=self.rank)
         self.cross_rank = self.cross.Get_rank()
         self.cross_size = self.cross.Get_size()
-        self.engines = weakref.WeakSet()
+        # every optimizer's engine, so shutdown() can free its communicator collectively
+        self.engines = []
 
     def free(self):
-        for engine in list(self.engines):
+        for engine in self.engines:
             engine.close()
         for c in (self.cross, self.local, self.comm):
             if c != MPI.COMM_NULL and not MPI.Is_finalized():
