@@ -163,6 +163,20 @@ def test_parameters_stay_identical_on_every_rank(comm, hvd, codec):
     assert opt.communication_stats()["reductions"] == 10 * stats["buckets"]
 
 
+def test_without_thread_multiple_reductions_run_at_synchronize(comm, hvd, monkeypatch):
+    def run():
+        model = Net()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2),
+                                       named_parameters=model.named_parameters(),
+                                       codec="fp16", **SMALL_BUCKETS)
+        train(hvd, model, opt, 4)
+        return flat_params(model)
+
+    threaded = run()
+    monkeypatch.setattr("ccl.torch.optimizer.threads_supported", lambda: False)
+    np.testing.assert_array_equal(run(), threaded)
+
+
 def test_bfloat16_parameters(comm, hvd):
     model = Net().to(torch.bfloat16)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2),

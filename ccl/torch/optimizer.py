@@ -641,9 +641,9 @@ def _subclass(base):
     """The dynamic subclass of ``base`` (cached), so isinstance(opt, base) still holds."""
     cls = _CLASSES.get(base)
     if cls is None:
+        # same name as the user's class; the module says who made it
         cls = _CLASSES[base] = type(base.__name__, (_DistributedMixin, base),
-                                    {"__module__": base.__module__,
-                                     "__qualname__": base.__qualname__})
+                                    {"__module__": __name__, "__qualname__": base.__qualname__})
     return cls
 
 
