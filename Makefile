@@ -18,6 +18,8 @@ export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 # pytest-mpi: --with-mpi runs everything (MPI tests at the launched size); --only-mpi alone
 # runs just the MPI-marked tests (given together, --with-mpi wins and --only-mpi is ignored).
 PYTEST := -m mpi4py -m pytest -x -q --timeout=$(TEST_TIMEOUT) --timeout-method=thread
+# Pinned exactly and installed before the extras: an open torch range pulls GBs of CUDA wheels.
+TORCH_PIN ?= torch==2.13.0
 
 .PHONY: demo test test-serial test-mpi install-test install-demo bench-cluster clean
 
@@ -28,7 +30,8 @@ $(VENV)/.demo: setup.py
 	touch $@
 
 $(VENV)/.test: setup.py $(VENV)/.demo
-	$(PY) -m pip install -q -e '.[test,mpich,bench]'
+	$(PY) -m pip install -q '$(TORCH_PIN)'
+	$(PY) -m pip install -q -e '.[test,mpich,bench,torch]'
 	@# the emulated-cluster tests need iproute2 (ip, tc); as root, install it if missing
 	command -v ip >/dev/null || [ "$$(id -u)" != 0 ] || \
 	  (apt-get update -qq && apt-get install -y -qq iproute2) || true

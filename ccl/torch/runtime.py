@@ -1,0 +1,193 @@
+"""Topology of a ``ccl.torch`` job: ``init``, ``rank``, ``size``, ``local_rank``, ...
+
+:func:`init` duplicates the user's communicator once. Everything ``ccl.torch``
+does at the Python level (broadcasts, the optimizer's agreement checks) runs
+on that duplicate, so it can never match the user's own messages. Each
+:class:`~ccl.torch.DistributedOptimizer` duplicates it again for its own
+background thread, because two threads must never share one communicator's
+message order.
+"""
+
+import threading
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import MismatchError
+
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+           "cross_rank", "cross_size", "threads_supported", "agree"]
+
+
+class _Runtime:
+    """The communicators of an initialised ``ccl.torch``."""
+
+    def __init__(self, comm):
+        self.user_comm = comm
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        # ranks that share memory form a node; the key keeps the parent's rank order
+        self.local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank = self.local.Get_rank()
+        self.local_size = self.local.Get_size()
+        # one rank per node with the same local rank: its rank is the node's index
+        self.cross = self.comm.Split(self.local_rank, key=self.rank)
+        self.cross_rank = self.cross.Get_rank()
+        self.cross_size = self.cross.Get_size()
+        # every optimizer's engine, so shutdown() can free its communicator collectively
+        self.engines = []
+
+    def free(self):
+        for engine in self.engines:
+            engine.close()
+        for c in (self.cross, self.local, self.comm):
+            if c != MPI.COMM_NULL and not MPI.Is_finalized():
+                c.Free()
+
+
+_LOCK = threading.Lock()
+_RUNTIME = None
+
+
+def init(comm=None):
+    """Initialise ``ccl.torch`` on a duplicate of ``comm`` (collective).
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm, optional
+        The ranks that train together (default ``MPI.COMM_WORLD``). It is
+        duplicated, so ``ccl.torch``'s traffic never matches the caller's.
+
+    Raises
+    ------
+    TypeError
+        If ``comm`` is not an mpi4py intracommunicator.
+    ValueError
+        If ``ccl.torch`` is already initialised on another communicator (call
+        :func:`shutdown` first). Calling ``init`` again with the same
+        communicator, or with none, does nothing.
+
+    Examples
+    --------
+    >>> import ccl.torch as ct
+    >>> ct.init()
+    >>> 0 <= ct.rank() < ct.size()
+    True
+    """
+    global _RUNTIME
+    if comm is not None and not isinstance(comm, MPI.Intracomm):
+        raise TypeError(f"comm must be an mpi4py intracommunicator (e.g. MPI.COMM_WORLD), "
+                        f"got {type(comm).__name__}")
+    if comm is not None and comm == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL")
+    with _LOCK:
+        if _RUNTIME is not None:
+            if comm is None or comm == _RUNTIME.user_comm:
+                return
+            raise ValueError("ccl.torch is already initialised on another communicator; "
+                             "call ccl.torch.shutdown() first")
+        _RUNTIME = _Runtime(MPI.COMM_WORLD if comm is None else comm)
+
+
+def shutdown():
+    """Free ``ccl.torch``'s communicators (collective); later calls need :func:`init` again.
+
+    Pending reductions of every :class:`~ccl.torch.DistributedOptimizer` are
+    waited for and their background threads stopped; those optimizers cannot
+    reduce gradients any more. Does nothing if not initialised.
+    """
+    global _RUNTIME
+    with _LOCK:
+        runtime, _RUNTIME = _RUNTIME, None
+    if runtime is not None:
+        runtime.free()
+
+
+def is_initialized():
+    """Return whether :func:`init` was called (and :func:`shutdown` not since)."""
+    return _RUNTIME is not None
+
+
+def current():
+    """Return the runtime, or raise if :func:`init` was not called."""
+    runtime = _RUNTIME
+    if runtime is None:
+        raise RuntimeError("ccl.torch is not initialised: call ccl.torch.init() (or "
+                           "ccl.torch.init(comm) with an mpi4py communicator) first")
+    return runtime
+
+
+def rank():
+    """This process's rank in the communicator given to :func:`init`."""
+    return current().rank
+
+
+def size():
+    """Number of ranks in the communicator given to :func:`init`."""
+    return current().size
+
+
+def local_rank():
+    """This process's rank among the ranks on its node (``MPI.COMM_TYPE_SHARED``).
+
+    Use it to pick a GPU: ``torch.cuda.set_device(ccl.torch.local_rank())``.
+    """
+    return current().local_rank
+
+
+def local_size():
+    """Number of ranks on this process's node."""
+    return current().local_size
+
+
+def cross_rank():
+    """Index of this process's node (its rank among ranks of the same local rank)."""
+    return current().cross_rank
+
+
+def cross_size():
+    """Number of nodes holding a rank with this process's local rank."""
+    return current().cross_size
+
+
+def threads_supported():
+    """Return whether MPI allows the optimizer's background communication thread.
+
+    That needs ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it by default, and the
+    PyPI MPI wheels provide it). Otherwise reductions run in the calling
+    thread at :meth:`~ccl.torch.DistributedOptimizer.synchronize` and do not
+    overlap the backward pass.
+    """
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+
+
+def agree(comm, what, signature, error=None):
+    """Check that every rank of ``comm`` passed the same arguments to ``what`` (collective).
+
+    Each rank contributes an error flag and a CRC of ``repr(signature)`` to one
+    small ``Allgather``. A rank whose own arguments were rejected (``error``)
+    raises that error; every other rank then raises
+    :class:`ccl.MismatchError`, as they do when the signatures differ, so no
+    rank is left waiting in a later collective.
+    """
+    row = np.array([0 if error is None else 1,
+                    zlib.crc32(repr(signature).encode("utf-8"))], dtype=np.int64)
+    rows = np.empty((comm.Get_size(), 2), dtype=np.int64)
+    comm.Allgather([row, MPI.INT64_T], [rows, MPI.INT64_T])
+    if error is not None:
+        raise error
+    rejected = [int(r) for r in np.flatnonzero(rows[:, 0])]
+    if rejected:
+        raise MismatchError(f"rank(s) {rejected} rejected their arguments to {what}; see the "
+                            "error raised there", field="arguments",
+                            ranks={"rejected": rejected})
+    groups = {}
+    for r, value in enumerate(rows[:, 1].tolist()):
+        groups.setdefault(value, []).append(r)
+    if len(groups) > 1:
+        where = " vs ".join(f"ranks {ranks}" for ranks in groups.values())
+        raise MismatchError(f"ranks disagree on the arguments to {what}: {where} (this rank, "
+                            f"{comm.Get_rank()}, has {signature!r:.300})", field=what,
+                            ranks=list(groups.values()))
