@@ -251,7 +251,10 @@ class _Engine:
         # A communicator of its own: this engine's thread must never share a
         # communicator's message order with another thread (collective).
         self.comm = runtime.comm.Dup()
-        self.communicator = Communicator(self.comm, plan.codec, plan.algorithm, op=plan.op)
+        # The plan already sends small buckets uncompressed; large ones are reduced in
+        # partitions with their own residuals (the Communicator's partition_bytes).
+        self.communicator = Communicator(self.comm, plan.codec, plan.algorithm, op=plan.op,
+                                         min_compress_bytes=0)
         self.reductions = 0
         self.closed = False
         self._jobs = queue.SimpleQueue()
