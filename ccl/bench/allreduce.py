@@ -17,9 +17,12 @@ from mpi4py import MPI
 
 import ccl
 from ccl.codecs import get_codec, registered_codecs
+from ccl.collectives.auto import fitting
 from ccl.transport import channel as _channel
 
 ALGORITHMS = ("ring", "tree", "direct", "allgather", "auto")
+# "fit": the algorithm that fits each codec (ccl.collectives.auto.fitting)
+CHOICES = ALGORITHMS + ("fit",)
 
 
 def _parse_size(text):
@@ -55,7 +58,7 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None):
     """Run the sweep; return a list of row dicts (identical on every rank)."""
     rows = []
     ch = _channel(comm)
-    total = len(sizes) * len(codecs) * len(algorithms)
+    total = len(sizes) * sum(len(_algorithms_for(c, algorithms)) for c in codecs)
     done = 0
     for nbytes in sizes:
         n = max(nbytes // 4, 1)
@@ -75,7 +78,7 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None):
                          sent_bytes=2 * (comm.size - 1) * 4 * n // comm.size,
                          rel_error=0.0))
         for codec in codecs:
-            for algorithm in algorithms:
+            for algorithm in _algorithms_for(codec, algorithms):
                 def call():
                     return ccl.compressed_allreduce(x, codec, comm=comm, algorithm=algorithm)
                 before = ch.bytes_sent
@@ -91,6 +94,16 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None):
                 if progress:
                     progress(done, total)
     return rows
+
+
+def _algorithms_for(codec, algorithms):
+    """``algorithms`` with "fit" replaced by the codec's fitting algorithm, no repeats."""
+    out = []
+    for name in algorithms:
+        name = fitting(codec) if name == "fit" else name
+        if name not in out:
+            out.append(name)
+    return out
 
 
 def format_table(rows):
@@ -121,7 +134,9 @@ def parse_args(argv=None):
                         help="a short sweep (finishes in under a minute at 4 ranks)")
     parser.add_argument("--codecs", nargs="+", default=None,
                         help="codec ids or JSON configs (default: every registered codec)")
-    parser.add_argument("--algorithms", nargs="+", default=None, choices=ALGORITHMS)
+    parser.add_argument("--algorithms", nargs="+", default=None, choices=CHOICES,
+                        help="algorithms to run; 'fit' is the one that fits each codec "
+                             "(default: all; with --quick: fit and auto)")
     parser.add_argument("--sizes", nargs="+", default=None,
                         help="message sizes per rank, e.g. 4KB 1MB 64MB")
     parser.add_argument("--reps", type=int, default=None, help="timed runs per configuration")
@@ -136,7 +151,7 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     codec_ids = args.codecs or [c for c in registered_codecs() if not c.startswith("test")]
     codecs = _codec_specs(codec_ids)
-    algorithms = args.algorithms or list(ALGORITHMS)
+    algorithms = args.algorithms or (["fit", "auto"] if args.quick else list(ALGORITHMS))
     sizes = [_parse_size(s) for s in (args.sizes or (["256KB", "4MB"] if args.quick
                                                      else ["4KB", "256KB", "4MB", "64MB"]))]
     reps = args.reps or (3 if args.quick else 10)

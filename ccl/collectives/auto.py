@@ -7,7 +7,7 @@ the benchmarks (``python -m ccl.bench``) are where it is tuned.
 
 import numpy as np
 
-__all__ = ["choose", "MIN_COMPRESS_BYTES", "TREE_MAX_BYTES"]
+__all__ = ["choose", "fitting", "MIN_COMPRESS_BYTES", "TREE_MAX_BYTES"]
 
 #: Below this many bytes per rank, latency dominates: send uncompressed with MPI.
 MIN_COMPRESS_BYTES = 65536
@@ -41,8 +41,17 @@ def choose(codec, nbytes, size, dtype, collective="allreduce"):
     # one rank has no network to save; small messages are latency-bound
     if mpi_ok and (codec.codec_id == "none" or nbytes < MIN_COMPRESS_BYTES or size == 1):
         return "mpi"
+    if codec.homomorphic and nbytes < TREE_MAX_BYTES:
+        return "tree"
+    return fitting(codec)
+
+
+def fitting(codec):
+    """The algorithm that fits ``codec`` for large messages (codec-specs.md §11).
+
+    Sparse codecs gather their small payloads; homomorphic ones add on the
+    ring with no relay loss; the others go through owners (two lossy points).
+    """
     if codec.sparse:
         return "allgather"
-    if codec.homomorphic:
-        return "tree" if nbytes < TREE_MAX_BYTES else "ring"
-    return "direct"
+    return "ring" if codec.homomorphic else "direct"
