@@ -50,7 +50,7 @@ def test_selection_rows_on_laplace_data(tmp_path):
     assert {r["method"] for r in rows} == CODEC_METHODS | {"argpartition", "copy"}
     for r in rows:
         assert SELECTION_KEYS <= set(r) and r["kind"] == "selection" and r["n"] == n
-        assert r["data"] == "laplace"
+        assert r["data"] == "laplace" and r["threads"] == 1
         assert r["time_s"] > 0 and r["cpu_s"] >= 0 and r["speedup"] > 0
         assert r["k"] == math.ceil(r["density"] * n)
         if r["method"] == "argpartition":

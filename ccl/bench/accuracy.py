@@ -72,7 +72,7 @@ def decode_reencode(codec, stats="own"):
 
 
 def _agrees(codec):
-    """Whether the collectives agree on statistics for ``codec`` (see ``api._shared_parameters``)."""
+    """Whether the collectives agree on statistics for ``codec`` before encoding."""
     return type(codec).shared_stats is not Codec.shared_stats
 
 
@@ -136,7 +136,8 @@ def main(argv=None, comm=None):
                    reencode=args.decode_reencode)
     if comm.rank == 0:
         print(f"{'codec':>10} {'homomorphic':>11} {'agreed':>6} {'algorithm':>9} "
-              f"{'1-call err':>10} {str(args.steps) + '-step err':>12} {'sent bits/val':>13}  config")
+              f"{'1-call err':>10} {str(args.steps) + '-step err':>12} "
+              f"{'sent bits/val':>13}  config")
         for r in rows:
             print(f"{r['codec']:>10} {str(r['homomorphic']):>11} {str(r['agreed_stats']):>6} "
                   f"{r['algorithm']:>9} "

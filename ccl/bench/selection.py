@@ -4,8 +4,8 @@ Run without mpiexec: ``python -m ccl.bench selection``. For each density the
 time of every method on the same float32 input, measured in one run with
 the methods interleaved (round by round, so a change in the machine's load
 hits all of them alike); the figure is the median over the rounds after one
-warm-up call each. One numba thread (``--threads``), so the figures are per
-core.
+warm-up call each. One numba thread (``--threads``, set with
+``numba.set_num_threads``), so the figures are per core.
 
 For a codec the time is its whole ``encode``: selection *and* packing of
 the payload (gap-coded indices, values, header). For exact top-k it is the
@@ -23,8 +23,6 @@ real per-layer gradients with error feedback in steady state
 
 import argparse
 import json
-import os
-import sys
 import time
 
 DENSITIES = (0.01, 0.001)
@@ -196,20 +194,22 @@ def main(argv=None):
             parser.error(f"densities must be in (0, 1], got {d}")
     if args.elements < 1 or args.reps < 1 or args.grad_steps < 2:
         parser.error("--elements and --reps must be >= 1, --grad-steps >= 2")
-    if "numba" not in sys.modules:  # the cheapest way, when it still applies
-        os.environ["NUMBA_NUM_THREADS"] = str(args.threads)
     import numba
 
-    # Under ``python -m ccl.bench`` numba is already loaded (ccl imports it), so
-    # the environment variable is too late; set the count explicitly, and put it
-    # back afterwards for callers that run this in-process (tests).
+    # NUMBA_NUM_THREADS cannot be set here: importing ccl (which runs before this
+    # module) loads numba, and once its threads run, numba refuses a changed value
+    # at the next compile. Set the count for this thread instead, and put it back
+    # for callers that run this in-process (tests).
     before = numba.get_num_threads()
     threads = min(args.threads, numba.config.NUMBA_NUM_THREADS)
     numba.set_num_threads(threads)
     try:
+        active = numba.get_num_threads()
         rows, notes = _run(args)
     finally:
         numba.set_num_threads(before)
+    for r in rows:
+        r["threads"] = active
     _print_rows(rows, args.densities)
     steady = [r for r in rows if r["kind"] == "steady_state"]
     if steady:
@@ -221,11 +221,11 @@ def main(argv=None):
             print(f"{r['method']:>18} {r['density']:8g} {r['kept_fraction']:9.5f} "
                   f"{r['kept_fraction'] / r['density']:11.3f} {r['bits_per_value']:10.3f}")
     print(f"({' '.join(notes)} {args.elements} float32 elements; median of {args.reps} "
-          f"interleaved rounds, {threads} numba "
-          "thread(s); codec time = whole encode (selection + packing), exact = bare "
-          "np.argpartition(np.abs(x), -k)[-k:]; vs exact = argpartition time / this time; cpu = process CPU time, which "
-          "leaves out waiting for a core on a loaded machine; "
-          "density = nonzero decoded / n; copy = np.copyto of the input)")
+          f"interleaved rounds, {active} numba thread(s); codec time = whole encode "
+          "(selection + packing), exact = bare np.argpartition(np.abs(x), -k)[-k:]; "
+          "vs exact = argpartition time / this time; cpu = process CPU time, which leaves "
+          "out waiting for a core on a loaded machine; density = nonzero decoded / n; "
+          "copy = np.copyto of the input)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
