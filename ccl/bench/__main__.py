@@ -1,4 +1,4 @@
-"""``python -m ccl.bench [allreduce|codecs|accuracy] ...`` (default: allreduce)."""
+"""``python -m ccl.bench [COMMAND] ...``: one of ``COMMANDS`` (default: allreduce)."""
 
 import sys
 
@@ -7,6 +7,7 @@ COMMANDS = {
     "codecs": "ccl.bench.codecs",        # no MPI needed: single-core encode/decode GB/s
     "accuracy": "ccl.bench.accuracy",    # under mpiexec: error of one call and of 100 steps
     "gradients": "ccl.bench.gradients",  # no MPI: codecs on real torch gradients (digits MLP)
+    "selection": "ccl.bench.selection",  # no MPI: top-k selection time vs np.argpartition
     "report": "ccl.bench.report",        # regenerate docs/benchmarks.md (all of the above)
     "cluster": "ccl.bench.cluster",      # root: run a command on an emulated rate-limited cluster
 }

@@ -5,6 +5,12 @@ For each codec x algorithm: the normalised error ``||y - s|| / ||s||`` of one
 allreduce of fresh data (``s`` the exact float64 sum), and of the running sum
 of 100 steps with error feedback (``key=...``) against the exact running sum,
 plus the payload bits per value each rank sent.
+
+``--decode-reencode`` runs each homomorphic codec (THC) as a non-homomorphic
+variant of itself (:func:`decode_reencode`): same configuration, same wire
+format, but every relay decodes the partial sum, adds its own chunk and
+encodes again, as for any other codec. The ``homomorphic`` column says which
+variant ran.
 """
 
 import argparse
@@ -14,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ccl
-from ccl.codecs import get_codec, registered_codecs
+from ccl.codecs import Codec, get_codec, registered_codecs
 from ccl.transport import channel as _channel
 
 ALGORITHMS = ("ring", "tree", "direct", "allgather")
@@ -27,12 +33,61 @@ def _inputs(comm, n, step, data):
     return rng.standard_normal(n).astype(np.float32)
 
 
-def measure(comm, specs, algorithms, n, steps, data="normal"):
-    """Return rows (identical on every rank)."""
+def decode_reencode(codec, stats="own"):
+    """The codec with its compressed-domain sum switched off (a new, unregistered class).
+
+    A homomorphic codec becomes an instance of a subclass with ``homomorphic
+    = False``: the collectives then decode, add and re-encode at every relay
+    (with relay error feedback) instead of adding payloads. The codec id,
+    configuration and wire format stay the same. A codec that is not
+    homomorphic is returned unchanged.
+
+    Parameters
+    ----------
+    codec : Codec
+    stats : {"own", "agreed"}
+        What a homomorphic codec's agreed statistics become. THC agrees on the
+        largest norm of the ranks' *inputs* (``shared_stats``) only so that
+        payloads can be added; a relay re-encodes a partial sum, whose norm
+        is larger. ``"own"`` drops the agreement, so every encode scales by
+        its own input's norm, as a codec that never adds payloads would.
+        ``"agreed"`` keeps it (the subclass changes ``homomorphic`` only),
+        so partial sums are scaled by the inputs' norm and clamp more.
+
+    Returns
+    -------
+    Codec
+    """
+    if stats not in ("own", "agreed"):
+        raise ValueError(f"stats must be 'own' or 'agreed', got {stats!r}")
+    if not codec.homomorphic:
+        return codec
+    base = type(codec)
+    attrs = {"homomorphic": False,
+             "__doc__": f"{base.__name__} decoded and re-encoded at every relay."}
+    if stats == "own":
+        attrs["shared_stats"] = Codec.shared_stats
+    variant = type(f"{base.__name__}DecodeReencode", (base,), attrs)
+    return variant.from_config(codec.get_config())
+
+
+def _agrees(codec):
+    """Whether the collectives agree on statistics for ``codec`` before encoding."""
+    return type(codec).shared_stats is not Codec.shared_stats
+
+
+def measure(comm, specs, algorithms, n, steps, data="normal", reencode=None):
+    """Return rows (identical on every rank).
+
+    With ``reencode`` (``"own"`` or ``"agreed"``), homomorphic codecs run as
+    :func:`decode_reencode` variants.
+    """
     rows = []
     ch = _channel(comm)
     for spec in specs:
         codec = get_codec(spec)
+        if reencode:
+            codec = decode_reencode(codec, reencode)
         for algorithm in algorithms:
             x = _inputs(comm, n, 0, data)
             exact = np.empty(n)
@@ -51,13 +106,15 @@ def measure(comm, specs, algorithms, n, steps, data="normal"):
                 run_exact += step_exact
             running = float(np.linalg.norm(run - run_exact) / np.linalg.norm(run_exact))
             rows.append(dict(codec=codec.codec_id, config=codec.get_config(),
+                             homomorphic=codec.homomorphic, agreed_stats=_agrees(codec),
                              algorithm=algorithm, ranks=comm.size, n=n, data=data,
                              single_error=single, running_error=running, steps=steps,
-                             sent_bits_per_value=8 * sent / n))
+                             sent_bits_per_value=8 * sent / n, sent_bytes=sent))
     return rows
 
 
-def main(argv=None):
+def main(argv=None, comm=None):
+    """Run the command line ``argv`` on ``comm`` (default ``MPI.COMM_WORLD``); rank 0 prints."""
     parser = argparse.ArgumentParser(prog="python -m ccl.bench accuracy",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--codecs", nargs="+", default=None)
@@ -66,19 +123,26 @@ def main(argv=None):
     parser.add_argument("--elements", type=int, default=1 << 16)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--data", choices=("normal", "laplace"), default="normal")
+    parser.add_argument("--decode-reencode", nargs="?", const="own", choices=("own", "agreed"),
+                        help="run homomorphic codecs (thc) non-homomorphically: relays "
+                             "decode, add and re-encode; each encode scales by its own "
+                             "statistics (own, the default) or the agreed ones (agreed)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    comm = MPI.COMM_WORLD
+    comm = MPI.COMM_WORLD if comm is None else comm
     specs = [json.loads(s) if s.startswith("{") else s for s in
              (args.codecs or [c for c in registered_codecs() if not c.startswith("test")])]
-    rows = measure(comm, specs, args.algorithms, args.elements, args.steps, args.data)
+    rows = measure(comm, specs, args.algorithms, args.elements, args.steps, args.data,
+                   reencode=args.decode_reencode)
     if comm.rank == 0:
-        print(f"{'codec':>10} {'algorithm':>9} {'1-call err':>10} {'100-step err':>12} "
+        print(f"{'codec':>10} {'homomorphic':>11} {'agreed':>6} {'algorithm':>9} "
+              f"{'1-call err':>10} {str(args.steps) + '-step err':>12} "
               f"{'sent bits/val':>13}  config")
         for r in rows:
-            print(f"{r['codec']:>10} {r['algorithm']:>9} {r['single_error']:10.2e} "
-                  f"{r['running_error']:12.2e} {r['sent_bits_per_value']:13.3f}  "
-                  f"{json.dumps(r['config'])}")
+            print(f"{r['codec']:>10} {str(r['homomorphic']):>11} {str(r['agreed_stats']):>6} "
+                  f"{r['algorithm']:>9} "
+                  f"{r['single_error']:10.2e} {r['running_error']:12.2e} "
+                  f"{r['sent_bits_per_value']:13.3f}  {json.dumps(r['config'])}")
         print(f"({comm.size} ranks, {args.elements} elements of {args.data} data; error = "
               f"||result - exact|| / ||exact||; running error over {args.steps} steps with "
               "error feedback)")

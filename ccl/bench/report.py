@@ -9,7 +9,11 @@ as its own process (MPI ones under the ``mpiexec`` next to this Python):
 3. single-core codec throughput (``ccl.bench codecs``);
 4. accuracy of one call and of 100 steps with error feedback
    (``ccl.bench accuracy``);
-5. codecs on real torch gradients (``ccl.bench gradients``; needs torch).
+5. codecs on real torch gradients (``ccl.bench gradients``; needs torch);
+6. THC's error per bits setting at 2-5 ranks, homomorphic against decode
+   and re-encode at every relay (``ccl.bench accuracy --decode-reencode``);
+7. top-k selection time of SIDCo, DGC and topk against ``np.argpartition``,
+   on Laplace data and on real gradients (``ccl.bench selection``).
 
 Figures are ratios against ``MPI_Allreduce`` measured in the same run; the
 page records the exact command of every table.
@@ -37,24 +41,34 @@ NETWORK_CODECS = [
 ]
 
 
-def _env():
+# THC section: bits settings, rank counts, and the decode-and-re-encode variants
+THC_BITS = (2, 3, 4)
+THC_RANKS = (2, 3, 4, 5)
+THC_VARIANTS = ((None, "homomorphic"), ("own", "re-encode, own norm"),
+                ("agreed", "re-encode, agreed norm"))
+
+
+def _env(extra=None):
     env = dict(os.environ, HYDRA_LAUNCHER="fork", NUMBA_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", **(extra or {}))
     # run the ccl this module belongs to, also from a source checkout
     root = os.path.dirname(os.path.dirname(HERE))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
 
 
-def _run(args, json_path, log):
-    """Run a benchmark command that writes ``--json json_path``; return (rows, command)."""
+def _run(args, json_path, log, extra_env=None):
+    """Run a benchmark command that writes ``--json json_path``; return (rows, command).
+
+    ``extra_env`` adds environment variables (not shown in the command).
+    """
     command = list(args) + ["--json", json_path]
     shown = " ".join(shlex.quote(a) for a in command)
     shown = shown.replace(sys.executable, "python").replace(MPIEXEC, "mpiexec")
     shown = shown.replace(json_path, "out.json")
     print(f"report: {shown}", file=log, flush=True)
     start = time.perf_counter()
-    subprocess.run(command, check=True, env=_env(), stdout=log, stderr=log)
+    subprocess.run(command, check=True, env=_env(extra_env), stdout=log, stderr=log)
     print(f"report:   done in {time.perf_counter() - start:.0f} s", file=log, flush=True)
     with open(json_path) as f:
         return json.load(f), shown
@@ -247,6 +261,136 @@ def build(args, log):
                                        ("kept", lambda r: f"{r['kept_fraction']:.4f}"),
                                        ("running error", lambda r: f"{r['running_error']:.2e}")]),
                          None))
+    sections.append(_thc_section(args, tmp, log))
+    sections.extend(_selection_sections(args, tmp, log, have_torch))
+    return sections
+
+
+def _thc_section(args, tmp, log):
+    """THC's error per bits setting at 2-5 ranks: homomorphic ring against decode and re-encode."""
+    py = sys.executable
+    # Every rank of every run would compile THC's kernels again (seconds each on a
+    # loaded machine); one warm-up process fills a cache that the runs then read.
+    cache = {"CCL_NUMBA_CACHE": "1", "NUMBA_CACHE_DIR": os.path.join(tmp, "numba-cache")}
+    subprocess.run([py, "-c", "import ccl; ccl.warmup(['thc', 'none'])"], check=True,
+                   env=_env(cache), stdout=log, stderr=log)
+    elements, steps = ("16384", "10") if args.quick else ("65536", "100")
+    specs = [json.dumps({"id": "thc", "bits": b}, separators=(",", ":")) for b in THC_BITS]
+    flags = {None: [], "own": ["--decode-reencode"], "agreed": ["--decode-reencode", "agreed"]}
+    found, cmds = {}, []
+    for ranks in THC_RANKS:
+        for variant, _ in THC_VARIANTS:
+            # fp32 (`none`) once per rank count, for the bytes it puts on the wire
+            codecs = specs + (["none"] if variant is None else [])
+            rows, cmd = _run([MPIEXEC, "-n", str(ranks), py, "-m", "mpi4py", "-m", "ccl.bench",
+                              "accuracy", "--codecs", *codecs, "--algorithms", "ring",
+                              "--elements", elements, "--steps", steps, *flags[variant]],
+                             os.path.join(tmp, "thc.json"), log, extra_env=cache)
+            cmds.append(cmd)
+            for r in rows:
+                found[r["ranks"], r["config"].get("bits"), variant] = r
+    table_rows = [dict(bits=bits, ranks=ranks, fp32=found[ranks, None, None],
+                       **{str(v): found[ranks, bits, v] for v, _ in THC_VARIANTS})
+                  for bits in THC_BITS for ranks in THC_RANKS]
+
+    def sent(key):
+        return lambda r: (f"{r[key]['sent_bits_per_value']:.2f} "
+                          f"({r[key]['sent_bytes'] / 1024:.1f} KB)")
+
+    columns = [("bits", lambda r: str(r["bits"])), ("ranks", lambda r: str(r["ranks"]))]
+    for field, label in (("single_error", "1 call"), ("running_error", f"{steps} steps, EF")):
+        columns += [(f"{label}: {name}", lambda r, v=str(v), f=field: f"{r[v][f]:.2e}")
+                    for v, name in THC_VARIANTS]
+    columns += [("sent bits/value (per rank): homomorphic", sent("None")),
+                ("re-encode", sent("own")), ("fp32 ring (`none`)", sent("fp32"))]
+    text = (f"`thc` with 2, 3 and 4 bits (other parameters default) in a ring allreduce of "
+            f"{elements} standard-normal float32 values per rank, at 2 to 5 ranks. "
+            "*homomorphic*: relays add payloads in integer lanes, the only lossy point is "
+            "each rank's own encode. *re-encode*: the same codec run with `homomorphic = "
+            "False` (`--decode-reencode`), so every relay decodes the partial sum, adds its "
+            "chunk and encodes again (with relay error feedback); *own norm* scales each "
+            "encode by its input's norm, *agreed norm* keeps THC's norm agreed over the "
+            "ranks' inputs (`--decode-reencode agreed`), which partial sums exceed. Error = "
+            "`||result - exact|| / ||exact||` of one call, and of the running sum over the "
+            "steps with error feedback. Sent = payload bits per value of the rank that sent "
+            "most in one call (and its bytes); both re-encode variants send the same bytes.")
+    return ("THC: error per bits setting, 2–5 ranks, homomorphic vs decode-and-re-encode",
+            "\n".join(cmds), text, _table(table_rows, columns), None)
+
+
+def _selection_table(rows):
+    """Selection rows pivoted: one line per method, time/speedup/density per density."""
+    rows = [r for r in rows if r["kind"] == "selection"]
+    densities = list(dict.fromkeys(r["density"] for r in rows))
+    by = {(r["method"], r["density"]): r for r in rows}
+    lines = [{d: by[name, d] for d in densities}
+             for name in dict.fromkeys(r["method"] for r in rows)]
+    columns = [("method", lambda line: f"`{next(iter(line.values()))['method']}`")]
+    for d in densities:
+        pct = f"{d * 100:g}%"
+        columns += [
+            (f"ms ({pct})", lambda line, d=d: f"{line[d]['time_s'] * 1e3:.1f}"),
+            ("CPU ms", lambda line, d=d: f"{line[d]['cpu_s'] * 1e3:.1f}"),
+            ("vs exact", lambda line, d=d: f"{line[d]['speedup']:.1f}x"),
+            ("vs exact, CPU", lambda line, d=d: f"{line[d]['cpu_speedup']:.1f}x"),
+            ("density", lambda line, d=d: ("" if line[d]["achieved_density"] is None
+                                           else f"{line[d]['achieved_density']:.5f}"))]
+    return _table(lines, columns)
+
+
+SELECTION_TEXT = (
+    "Time to select the top {density} of {n} float32 values on one core "
+    "(`NUMBA_NUM_THREADS=1`), every method in the same run, interleaved round by round; "
+    "median of {reps} rounds after a warm-up. For a codec the time is its whole `encode`: "
+    "selection *and* packing of the payload (gap-coded indices, values, header); *exact* "
+    "is the bare `np.argpartition(np.abs(x), -k)[-k:]`, which packs nothing, and `copy` "
+    "is `np.copyto` of the input. *vs exact* = argpartition's time / this time. *CPU* is "
+    "the process CPU time, which leaves out the time spent waiting for a core on a "
+    "loaded machine (wall times of long calls suffer most from that). *density* = "
+    "nonzero decoded values / n.")
+
+
+def _selection_sections(args, tmp, log, have_torch):
+    """Selection speed on Laplace data and, with torch, on real gradients."""
+    py = sys.executable
+    common = ["--elements", str(1 << 20 if args.quick else 16 << 20),
+              "--reps", "3" if args.quick else "7"]
+    sections = []
+    rows, cmd = _run([py, "-m", "ccl.bench", "selection", *common],
+                     os.path.join(tmp, "selection.json"), log)
+    densities = " and ".join(f"{d * 100:g}%" for d in dict.fromkeys(r["density"] for r in rows))
+    text = SELECTION_TEXT.format(density=densities, n=rows[0]["n"], reps=rows[0]["reps"])
+    sections.append(("Top-k selection: SIDCo, DGC and topk against exact top-k", cmd,
+                     text + " Data: Laplace, the law SIDCo-E assumes.", _selection_table(rows),
+                     None))
+    if not have_torch:
+        return sections
+    steps = "40" if args.quick else "200"
+    rows, cmd = _run([py, "-m", "ccl.bench", "selection", "--data", "gradients",
+                      "--grad-steps", steps, *common],
+                     os.path.join(tmp, "selection-gradients.json"), log)
+    first = rows[0]
+    times = first["n"] / first["source_elements"]
+    data = (f" Data: the gradients of every layer of the digits MLP at step "
+            f"{first['grad_step']} of {steps}, concatenated ({first['source_elements']} "
+            "values) and " + (f"tiled {times:.1f} times." if times > 1 else "cut to size."))
+    steady = [r for r in rows if r["kind"] == "steady_state"]
+    steady_table = _table(steady, [
+        ("method", lambda r: f"`{r['method']}`"),
+        ("target density", lambda r: f"{r['density']:g}"),
+        ("kept", lambda r: f"{r['kept_fraction']:.5f}"),
+        ("kept / target", lambda r: f"{r['kept_fraction'] / r['density']:.3f}"),
+        ("bits/value", lambda r: f"{r['bits_per_value']:.3f}"),
+        ("running error", lambda r: f"{r['running_error']:.2e}")])
+    tables = (_selection_table(rows) + "\n\nThe same codecs on the real per-layer gradients "
+              f"of all {steps} steps, each layer with its own error-feedback residual "
+              "(`ccl.bench gradients`' measurement; steady state = second half of the steps); "
+              "*kept* is the fraction of values delivered non-zero; *kept / target* below 1 "
+              "means the fitted threshold was too high for these data (error feedback "
+              "carries what was not sent).\n\n" + steady_table)
+    sections.append(("Top-k selection on real gradients", cmd,
+                     SELECTION_TEXT.format(density=densities, n=first["n"], reps=first["reps"])
+                     + data, tables, None))
     return sections
 
 
