@@ -101,20 +101,16 @@ def test_selection_on_gradients_reports_steady_state_density(tmp_path):
 
 
 @serial
-def test_codecs_rows(tmp_path, monkeypatch):
-    # The command sets NUMBA_NUM_THREADS to --threads; numba refuses a value other than
-    # its running pool's at the next compile, so keep that value, and restore the variable.
-    threads = str(numba.config.NUMBA_NUM_THREADS)
-    monkeypatch.setenv("NUMBA_NUM_THREADS", threads)
+def test_codecs_rows(tmp_path):
     n = 4096
-    rows = _rows(bench_codecs.main, ["--threads", threads, "--elements", str(n), "--reps", "1",
+    rows = _rows(bench_codecs.main, ["--threads", "1", "--elements", str(n), "--reps", "1",
                                      "--codecs", "fp16",
                                      '{"id":"topk","density":0.01}', '{"id":"thc","bits":4}'],
                  tmp_path)
     assert [r["codec"] for r in rows] == ["fp16", "topk", "thc"]
     for r in rows:
         assert set(r) == {"codec", "config", "n", "encode_gbs", "decode_gbs", "copy_gbs",
-                          "bits_per_value"} and r["n"] == n
+                          "bits_per_value", "threads"} and r["n"] == n and r["threads"] == 1
         assert all(0 < r[k] < math.inf for k in ("encode_gbs", "decode_gbs", "copy_gbs"))
     bits = {r["codec"]: r["bits_per_value"] for r in rows}
     header = 8 * 32 / n

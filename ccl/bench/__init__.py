@@ -3,3 +3,23 @@
 Speed is measured here, side by side with the MPI library's own
 ``MPI_Allreduce`` in the same run, never in timed tests.
 """
+
+import contextlib
+
+
+@contextlib.contextmanager
+def numba_threads(count):
+    """Run the body with at most ``count`` numba threads, then restore the old count.
+
+    ``NUMBA_NUM_THREADS`` cannot be used here: importing ccl loads numba first,
+    and numba refuses a changed value once its pool runs. ``set_num_threads``
+    can lower the count at run time. Yields the count in effect.
+    """
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(count, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        yield numba.get_num_threads()
+    finally:
+        numba.set_num_threads(before)

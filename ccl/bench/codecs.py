@@ -1,14 +1,11 @@
 """Codec throughput: single-core encode and decode GB/s next to a memcpy-class copy.
 
-Run without mpiexec: ``python -m ccl.bench codecs``. ``NUMBA_NUM_THREADS``
-is set to 1 before numba loads (``--threads`` changes it), so the figures are
-per core. Throughput is float32 input bytes divided by the median time.
+Run without mpiexec: ``python -m ccl.bench codecs``. Kernels run on one numba
+thread (``--threads`` changes it), so the figures are per core. Throughput is float32 input bytes divided by the median time.
 """
 
 import argparse
 import json
-import os
-import sys
 import time
 
 
@@ -56,21 +53,23 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1, help="numba threads (default 1)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
-    if "numba" in sys.modules and args.threads != 1:
-        print("warning: numba already imported; --threads may not apply", file=sys.stderr)
-    os.environ["NUMBA_NUM_THREADS"] = str(args.threads)
     from ccl.codecs import registered_codecs
+
+    from . import numba_threads
 
     specs = [json.loads(s) if s.startswith("{") else s for s in
              (args.codecs or [c for c in registered_codecs() if not c.startswith("test")])]
-    rows = measure(specs, args.elements, args.reps)
+    with numba_threads(args.threads) as threads:
+        rows = measure(specs, args.elements, args.reps)
+    for r in rows:
+        r["threads"] = threads
     print(f"{'codec':>10} {'encode GB/s':>12} {'decode GB/s':>12} {'copy GB/s':>10} "
           f"{'bits/value':>10}  config")
     for r in rows:
         print(f"{r['codec']:>10} {r['encode_gbs']:12.2f} {r['decode_gbs']:12.2f} "
               f"{r['copy_gbs']:10.2f} {r['bits_per_value']:10.3f}  {json.dumps(r['config'])}")
     print(f"({args.elements} float32 elements, median of {args.reps}, "
-          f"{args.threads} numba thread(s); copy = np.copyto of the same input)")
+          f"{threads} numba thread(s); copy = np.copyto of the same input)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -25,6 +25,8 @@ import argparse
 import json
 import time
 
+from . import numba_threads
+
 DENSITIES = (0.01, 0.001)
 EXACT = "argpartition"
 COPY = "copy"
@@ -194,20 +196,8 @@ def main(argv=None):
             parser.error(f"densities must be in (0, 1], got {d}")
     if args.elements < 1 or args.reps < 1 or args.grad_steps < 2:
         parser.error("--elements and --reps must be >= 1, --grad-steps >= 2")
-    import numba
-
-    # NUMBA_NUM_THREADS cannot be set here: importing ccl (which runs before this
-    # module) loads numba, and once its threads run, numba refuses a changed value
-    # at the next compile. Set the count for this thread instead, and put it back
-    # for callers that run this in-process (tests).
-    before = numba.get_num_threads()
-    threads = min(args.threads, numba.config.NUMBA_NUM_THREADS)
-    numba.set_num_threads(threads)
-    try:
-        active = numba.get_num_threads()
+    with numba_threads(args.threads) as active:
         rows, notes = _run(args)
-    finally:
-        numba.set_num_threads(before)
     for r in rows:
         r["threads"] = active
     _print_rows(rows, args.densities)
