@@ -13,6 +13,7 @@ malformed stream with a non-zero return code instead of writing past it.
 import numpy as np
 
 from .._jit import njit, prange
+from ._shared_kernels import masked_max
 
 ZERO_BYTE = 121     # five zero digits: 81 + 27 + 9 + 3 + 1
 RUN_BASE = 241      # a byte b in 243..255 is a run of b - 241 zero bytes
@@ -29,16 +30,6 @@ ERR_NONZERO = 4     # M = 0 but a byte is not "five zeros"
 _BLOCK = 1 << 16    # elements (or quartic bytes) per parallel block
 
 
-@njit
-def _masked_max(bits, mask):
-    # Index from 0 over a slice: with an arbitrary start, numba's negative-index
-    # wraparound keeps LLVM from vectorising the loop (about 7x slower).
-    m = bits.dtype.type(0)
-    for i in range(bits.size):
-        m = max(m, bits[i] & mask)
-    return m
-
-
 @njit(parallel=True)
 def max_abs_bits(bits, mask):
     """Largest ``bits[i] & mask`` (the bit pattern of max |x| for finite floats).
@@ -51,7 +42,7 @@ def max_abs_bits(bits, mask):
     partial = np.zeros(nblocks, dtype=bits.dtype)
     for b in prange(nblocks):
         lo = b * _BLOCK
-        partial[b] = _masked_max(bits[lo:min(lo + _BLOCK, bits.size)], mask)
+        partial[b] = masked_max(bits[lo:min(lo + _BLOCK, bits.size)], mask)
     best = bits.dtype.type(0)
     for b in range(nblocks):
         if partial[b] > best:
@@ -70,7 +61,7 @@ def _digit(v, M):
 
 @njit
 def _fold_block(x0, x1, x2, x3, x4, M, out):
-    # Zero-based loops over slices vectorise; see _masked_max.
+    # Zero-based loops over slices vectorise; see masked_max.
     for i in range(out.size):
         a = (((_digit(x0[i], M) * 3 + _digit(x1[i], M)) * 3 + _digit(x2[i], M)) * 3
              + _digit(x3[i], M)) * 3 + _digit(x4[i], M)

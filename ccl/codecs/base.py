@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._jit import njit
 from ..errors import CompressionOverflowError, PayloadError
+from ._shared_kernels import masked_max
 
 __all__ = [
     "Codec",
@@ -199,16 +199,6 @@ class CodecContext:
         return np.random.Generator(np.random.Philox(self.seed(base_seed, per_rank)))
 
 
-@njit
-def _max_exponent_bits(bits, mask):
-    # An integer max over the exponent field vectorises (a float sum would not):
-    # the field is all ones exactly for NaN and Inf.
-    top = bits.dtype.type(0)
-    for i in range(bits.size):
-        top = max(top, bits[i] & mask)
-    return top
-
-
 _EXPONENT_MASKS = {np.dtype(np.float32): (np.uint32, np.uint32(0x7F800000)),
                    np.dtype(np.float64): (np.uint64, np.uint64(0x7FF0000000000000))}
 
@@ -221,7 +211,8 @@ def all_finite(x):
     if masks is None:
         return bool(np.isfinite(x).all())
     view, mask = masks
-    return _max_exponent_bits(x.view(view), mask) != mask
+    # the exponent field is all ones exactly for NaN and Inf
+    return masked_max(x.view(view), mask) != mask
 
 
 _REGISTRY = {}
