@@ -26,6 +26,12 @@ DEFAULT_CODECS = [
     {"id": "sidco", "density": 0.001, "dist": "exp"},
     {"id": "sidco", "density": 0.001, "dist": "gpareto"},
     {"id": "sidco", "density": 0.001, "dist": "gamma"},
+    {"id": "sidco", "density": 0.01, "dist": "exp", "adaptive": True},
+    {"id": "sidco", "density": 0.01, "dist": "gpareto", "adaptive": True},
+    {"id": "sidco", "density": 0.01, "dist": "gamma", "adaptive": True},
+    {"id": "sidco", "density": 0.001, "dist": "exp", "adaptive": True},
+    {"id": "sidco", "density": 0.001, "dist": "gpareto", "adaptive": True},
+    {"id": "sidco", "density": 0.001, "dist": "gamma", "adaptive": True},
     {"id": "dgc", "density": 0.01}, {"id": "topk", "density": 0.01},
 ]
 
