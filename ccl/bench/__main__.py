@@ -7,6 +7,7 @@ COMMANDS = {
     "codecs": "ccl.bench.codecs",        # no MPI needed: single-core encode/decode GB/s
     "accuracy": "ccl.bench.accuracy",    # under mpiexec: error of one call and of 100 steps
 }
+MPI_COMMANDS = ("allreduce", "accuracy")
 
 
 def main(argv=None):
@@ -14,6 +15,14 @@ def main(argv=None):
     name = "allreduce"
     if argv and argv[0] in COMMANDS:
         name, argv = argv[0], argv[1:]
+    if name in MPI_COMMANDS:
+        from ccl.errors import LaunchError
+        from ccl.launch import check_launch
+        try:
+            check_launch()  # before any timing: N singletons would each "benchmark" alone
+        except LaunchError as exc:
+            sys.stderr.write(f"python -m ccl.bench: {exc}\n")
+            return 2
     module = __import__(COMMANDS[name], fromlist=["main"])
     return module.main(argv)
 
