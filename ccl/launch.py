@@ -90,8 +90,8 @@ def _library():
         return "unknown"
 
 
-def _message(expected, variable, library):
-    who = dict(LAUNCH_VARIABLES)[variable]
+def _message(expected, variable, library, by_srun):
+    who = "srun" if by_srun else dict(LAUNCH_VARIABLES)[variable]
     if "Open MPI" in library:
         srun_fix = "with srun, --mpi=pmix (this is Open MPI; Slurm needs its PMIx plugin)"
     else:
@@ -104,7 +104,7 @@ def _message(expected, variable, library):
         "mpiexec is in the environment's bin/; `python -m mpi4py --mpi-library` names the "
         "library, MPI4PY_LIBMPI picks another)",
     ]
-    if variable != "SLURM_STEP_NUM_TASKS":
+    if not by_srun:
         fixes.reverse()
     return (f"MPI.COMM_WORLD has 1 rank, but {variable}={expected} (set by {who}) says "
             f"{expected} processes were launched together: the MPI library ({library}) did "
@@ -151,7 +151,9 @@ def check_launch(world_size=None, environ=None):
     if world_size != 1:
         # a larger world is not the trap (e.g. mpiexec inside a one-task srun step)
         return
-    raise LaunchError(_message(expected, variable, _library()), expected=expected,
+    # srun --mpi=pmi2 sets PMI_SIZE as well; then srun, not an mpiexec, is to be fixed
+    by_srun = str(env.get("SLURM_STEP_NUM_TASKS", "")).strip() == str(expected)
+    raise LaunchError(_message(expected, variable, _library(), by_srun), expected=expected,
                       world_size=world_size, variable=variable)
 
 

@@ -81,6 +81,11 @@ def test_message_names_the_fix_for_the_loaded_library(monkeypatch, library, lead
         launch.check_launch(1, {"PMI_SIZE": "4"})
     # under an mpiexec, the mpiexec/library mismatch is the likelier cause
     assert str(info.value).split("Likely fix: ", 1)[1].startswith("launch with the mpiexec")
+    # srun --mpi=pmi2 sets PMI_SIZE too: then it is srun's plugin that is wrong
+    with pytest.raises(ccl.LaunchError) as info:
+        launch.check_launch(1, {"PMI_SIZE": "4", "SLURM_STEP_NUM_TASKS": "4"})
+    assert "(set by srun)" in str(info.value)
+    assert str(info.value).split("Likely fix: ", 1)[1].startswith(f"with srun, {lead}")
 
 
 def test_the_first_collective_raises_on_the_trap(clean_env):

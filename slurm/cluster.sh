@@ -108,10 +108,11 @@ restore() {
 }
 
 write_conf() {
-  local state=$1 host cpus gpus mem addr=""
+  local state=$1 host cpus gpus first_job mem addr=""
   host=$(hostname -s)
   cpus=${CCL_SLURM_CPUS:-$(( $(nproc) > 8 ? $(nproc) : 8 ))}
   gpus=${CCL_SLURM_GPUS:-4}
+  first_job=$(( $(date +%s) % 60000000 + 1 ))
   mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -n1)
   # a host name that does not resolve would stop slurmd from finding its controller
   getent hosts "$host" >/dev/null || addr="NodeAddr=127.0.0.1"
@@ -151,6 +152,9 @@ ReturnToService=2
 KillWait=5
 # sbatch --wait polls every min(32, MinJobAge/2) s, growing x4 from 2 s: keep it at 2 s
 MinJobAge=4
+# Job ids must not repeat across restarts: MPICH names its shared-memory segment after the
+# PMI job id (jobid.stepid), and reuses one that an aborted step of an earlier cluster left.
+FirstJobId=$first_job
 SlurmdSpoolDir=$state/slurmd
 StateSaveLocation=$state/state
 SlurmctldPidFile=$state/slurmctld.pid
