@@ -47,6 +47,7 @@ def expected_size(args):
 
 
 def rank_input(rank, n):
+    """Rank ``rank``'s input, which every rank can rebuild for the exact sum."""
     return np.random.default_rng([2024, rank, n]).standard_normal(n).astype(np.float32)
 
 
@@ -56,6 +57,8 @@ def select_gpu(comm):
     try:
         import cupy
         count = cupy.cuda.runtime.getDeviceCount()
+        if count == 0:
+            raise RuntimeError("--gpu: no CUDA device is visible to this rank")
         device = local % count
         cupy.cuda.Device(device).use()
         name = cupy.cuda.runtime.getDeviceProperties(device)["name"].decode()
