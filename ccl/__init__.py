@@ -7,15 +7,15 @@
 
 from . import codecs
 from .api import Communicator, allgather, compressed_allreduce, reduce_scatter
-from .errors import (CCLError, CompressionOverflowError, MismatchError, NonFiniteError,
-                     PayloadError)
+from .errors import (CCLError, CompressionOverflowError, LaunchError, MismatchError,
+                     NonFiniteError, PayloadError)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "compressed_allreduce", "reduce_scatter", "allgather", "Communicator", "codecs",
     "warmup", "CCLError", "PayloadError", "MismatchError", "NonFiniteError",
-    "CompressionOverflowError", "__version__",
+    "CompressionOverflowError", "LaunchError", "__version__",
 ]
 
 

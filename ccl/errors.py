@@ -10,6 +10,7 @@ __all__ = [
     "MismatchError",
     "NonFiniteError",
     "CompressionOverflowError",
+    "LaunchError",
 ]
 
 
@@ -43,3 +44,17 @@ class CompressionOverflowError(CCLError, ArithmeticError):
 
     Raised on every rank instead of returning a silently saturated result.
     """
+
+
+class LaunchError(CCLError, RuntimeError):
+    """The launcher started N > 1 processes but MPI sees a 1-rank world (see ``ccl.launch``).
+
+    ``expected`` is what the launcher said, ``world_size`` what MPI sees, and
+    ``variable`` the environment variable the expectation came from.
+    """
+
+    def __init__(self, message, expected=None, world_size=None, variable=None):
+        super().__init__(message)
+        self.expected = expected
+        self.world_size = world_size
+        self.variable = variable

@@ -20,10 +20,13 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from .launch import check_launch
+
 __all__ = ["Channel", "channel", "default_timeout"]
 
 _BYTE = MPI.BYTE
 _KEYVAL = None
+_LAUNCH_CHECKED = False  # ccl.launch.check_launch passed once in this process
 
 
 def default_timeout():
@@ -213,12 +216,22 @@ def _delete_channel(comm, keyval, attr):
 def channel(comm):
     """Return the :class:`Channel` cached on ``comm``, creating it (collectively) if needed.
 
+    The first call in a process also runs :func:`ccl.launch.check_launch`:
+    if the launcher started several processes but each sees a 1-rank world,
+    every communicator is a singleton, so it raises here, before a collective
+    can silently return its local input.
+
     Raises
     ------
     TypeError
         If ``comm`` is not an mpi4py intracommunicator.
+    ccl.LaunchError
+        On the silent-singleton trap (see :mod:`ccl.launch`).
     """
-    global _KEYVAL
+    global _KEYVAL, _LAUNCH_CHECKED
+    if not _LAUNCH_CHECKED:
+        check_launch()
+        _LAUNCH_CHECKED = True
     if not isinstance(comm, MPI.Intracomm):
         raise TypeError(f"comm must be an mpi4py intracommunicator (e.g. MPI.COMM_WORLD), "
                         f"got {type(comm).__name__}")

@@ -11,6 +11,7 @@ COMMANDS = {
     "report": "ccl.bench.report",        # regenerate docs/benchmarks.md (all of the above)
     "cluster": "ccl.bench.cluster",      # root: run a command on an emulated rate-limited cluster
 }
+MPI_COMMANDS = ("allreduce", "accuracy")
 
 
 def main(argv=None):
@@ -18,6 +19,14 @@ def main(argv=None):
     name = "allreduce"
     if argv and argv[0] in COMMANDS:
         name, argv = argv[0], argv[1:]
+    if name in MPI_COMMANDS:
+        from ccl.errors import LaunchError
+        from ccl.launch import check_launch
+        try:
+            check_launch()  # before any timing: N singletons would each "benchmark" alone
+        except LaunchError as exc:
+            sys.stderr.write(f"python -m ccl.bench: {exc}\n")
+            return 2
     module = __import__(COMMANDS[name], fromlist=["main"])
     return module.main(argv)
 
