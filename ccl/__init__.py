@@ -43,8 +43,11 @@ def warmup(codec_ids=None):
         for dtype in (np.float32, np.float64):
             if np.dtype(dtype) not in codec.input_dtypes:
                 continue
-            x = np.linspace(-1, 1, 67, dtype=dtype)
-            payload = codec.encode(x)
-            codec.decode(payload)
-            if codec.homomorphic:
-                codec.decode(codec.add(payload, payload))
+            # a small and a large input: some kernels switch to a parallel variant on
+            # large arrays, and each variant compiles on its first call
+            for n in (67, (1 << 18) + 67):
+                x = np.sin(np.arange(n, dtype=dtype))
+                payload = codec.encode(x)
+                codec.decode(payload)
+                if codec.homomorphic:
+                    codec.decode(codec.add(payload, payload))

@@ -13,7 +13,7 @@ malformed stream with a non-zero return code instead of writing past it.
 import numpy as np
 
 from .._jit import njit, prange
-from ._shared_kernels import masked_max
+from ._shared_kernels import masked_max, sized_kernel
 
 ZERO_BYTE = 121     # five zero digits: 81 + 27 + 9 + 3 + 1
 RUN_BASE = 241      # a byte b in 243..255 is a run of b - 241 zero bytes
@@ -30,7 +30,7 @@ ERR_NONZERO = 4     # M = 0 but a byte is not "five zeros"
 _BLOCK = 1 << 16    # elements (or quartic bytes) per parallel block
 
 
-@njit(parallel=True)
+@sized_kernel(0)
 def max_abs_bits(bits, mask):
     """Largest ``bits[i] & mask`` (the bit pattern of max |x| for finite floats).
 
@@ -68,7 +68,7 @@ def _fold_block(x0, x1, x2, x3, x4, M, out):
         out[i] = np.uint8(a)
 
 
-@njit(parallel=True)
+@sized_kernel(0)
 def quantize_fold(x, M, L, out):
     """Quantize ``x`` with scale ``M`` to {-1,0,1} and fold into ``L`` quartic bytes.
 
@@ -172,7 +172,7 @@ def _unfold_block(a, M, y0, y1, y2, y3, y4):
         y4[i] = M * np.float32(b % 3 - one)
 
 
-@njit(parallel=True)
+@sized_kernel(2)
 def unfold(a, M, y):
     """Unfold quartic bytes ``a`` (``L`` of them) into ``y.size`` values ``M * (digit - 1)``.
 
