@@ -133,7 +133,9 @@ def run_ccl(comm, specs, data, args):
             ct.broadcast_parameters(model.state_dict(), root_rank=0)
             optimizer = ct.DistributedOptimizer(
                 torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
-                named_parameters=model.named_parameters(), codec=codec)
+                named_parameters=model.named_parameters(), codec=codec,
+                **({} if args.fusion_bytes is None
+                   else {"fusion_threshold_bytes": args.fusion_bytes}))
             label = codec.codec_id if isinstance(spec, str) else json.dumps(spec)
             rows.append(_run(comm, f"ccl/{label}", model, optimizer, data, args,
                              optimizer.communication_stats))
@@ -223,6 +225,9 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fusion-bytes", type=int, default=None,
+                        help="fusion_threshold_bytes of DistributedOptimizer (1: a bucket "
+                             "per parameter)")
     parser.add_argument("--json", help="write the rows (with per-epoch curves) here")
     parser.add_argument("--plot", help="write a PNG of accuracy curves and wall times here")
     args = parser.parse_args(argv)

@@ -59,7 +59,7 @@ def _work_dtype(dtype):
                     f"bfloat16, float32, float64); got a {dtype} parameter")
 
 
-def plan_buckets(entries, threshold):
+def plan_buckets(entries, threshold, solo_bytes=None):
     """Cut parameters into buckets: one dtype each, at most ``threshold`` bytes.
 
     Parameters
@@ -68,6 +68,12 @@ def plan_buckets(entries, threshold):
         Parameters in reduction order.
     threshold : int
         Bytes per bucket; a parameter larger than that gets a bucket of its own.
+    solo_bytes : int, optional
+        Parameters of at least this many bytes get a bucket of their own, and
+        smaller ones fuse only below it. Scaled codecs need this: one scale
+        (or one top-k) over a bucket of unrelated layers starves the layers of
+        small magnitude, so compressed buckets hold one tensor each, while
+        small tensors still fuse (and stay under the compression threshold).
 
     Returns
     -------
@@ -80,9 +86,16 @@ def plan_buckets(entries, threshold):
     --------
     >>> plan_buckets([(8, "f4"), (8, "f8"), (8, "f4"), (8, "f4")], 16)
     [[0, 2], [1], [3]]
+    >>> plan_buckets([(4, "f4"), (100, "f4"), (4, "f4"), (4, "f4")], 64, solo_bytes=50)
+    [[0, 2, 3], [1]]
     """
     open_buckets, done = {}, []
+    if solo_bytes:
+        threshold = min(threshold, solo_bytes - 1)
     for index, (nbytes, dtype) in enumerate(entries):
+        if solo_bytes and nbytes >= solo_bytes:
+            done.append([index])
+            continue
         bucket = open_buckets.get(dtype)
         if bucket is not None and bucket[0] + nbytes > threshold:
             done.append(bucket[1])
@@ -189,7 +202,9 @@ class _Plan:
         self.params = [p for _, p in named]
         entries = [(p.numel() * _work_dtype(p.dtype).itemsize, _work_dtype(p.dtype))
                    for p in self.params]
-        self.buckets = plan_buckets(entries, max(fusion_threshold_bytes, 1))
+        # lossy codecs scale (or select) per chunk: keep their chunks inside one tensor
+        solo = max(min_compress_bytes, 1) if self.codec.error_feedback else None
+        self.buckets = plan_buckets(entries, max(fusion_threshold_bytes, 1), solo)
         self.compressed = []
         for members in self.buckets:
             dtype = entries[members[0]][1]
@@ -679,7 +694,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
         Average (default) or sum the gradients over ranks.
     fusion_threshold_bytes : int
         Bucket size cap, default 64 MiB. Smaller buckets start earlier in
-        backward (more overlap) but cost more collectives.
+        backward (more overlap) but cost more collectives. With a lossy codec
+        (one that keeps error feedback: it scales or selects per chunk), each
+        parameter of at least ``min_compress_bytes`` gets a bucket of its own
+        and only smaller ones fuse, so no scale spans two layers.
     min_compress_bytes : int
         Buckets smaller than this (default 65536, ``ccl.collectives.auto``'s
         threshold) are sent uncompressed: for them latency, not bandwidth,
