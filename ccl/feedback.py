@@ -76,13 +76,6 @@ class ErrorFeedback:
     def __init__(self):
         self._keys = {}
 
-    def __contains__(self, key):
-        return key in self._keys
-
-    def keys(self):
-        """The keys with state."""
-        return list(self._keys)
-
     def get(self, key):
         """The :class:`KeyState` of ``key`` or None."""
         return self._keys.get(key)

@@ -113,11 +113,6 @@ class Channel:
             time.sleep(pause)
             pause = min(pause * 2, 2e-3)
 
-    def waitall(self, requests, what):
-        """Wait for a list of requests."""
-        for request in requests:
-            self.wait(request, what)
-
     # ---------------------------------------------------------- point to point
     def isend(self, payload, dest, tag):
         """Start sending ``payload`` to ``dest``; return the request."""

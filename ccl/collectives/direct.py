@@ -38,10 +38,9 @@ def _owner_sum(call, x, encode_owner):
             payload = call.encode(own, r, WORKER) if i == r else received[i]
             total = payload if total is None else call.add(total, payload, r)
         return total, None
-    exact = None
-    for i in range(p):  # rank order, so the sum is reproducible
-        values = own if i == r else call.decode(received[i], r)
-        exact = values.copy() if exact is None else exact + values
+    exact = np.zeros_like(own)
+    for i in range(p):  # rank order, so the sum is reproducible; in place
+        exact += own if i == r else call.decode(received[i], r)
     return (call.encode(exact, r, OWNER) if encode_owner else None), exact
 
 
