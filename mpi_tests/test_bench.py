@@ -131,6 +131,32 @@ def test_gradients_rows(tmp_path):
     assert 0 <= r["running_error"] < math.inf
 
 
+@serial
+def test_torch_digits_seeds_and_ddp_reference(tmp_path):
+    _needs_torch()
+    from ccl.bench import torch_digits
+
+    path = tmp_path / "digits.json"
+    assert torch_digits.main(["--epochs", "2", "--hidden", "16", "--seeds", "0", "3",
+                              "--codecs", "none", "onebit", "--ddp-hooks", "none",
+                              "--json", str(path)]) == 0
+    out = json.loads(path.read_text())
+    rows = {r["method"]: r for r in out["rows"]}
+    assert list(rows) == ["ccl/none", "ccl/onebit", "ddp/none"]
+    assert len(out["runs"]) == 6 and [r["seed"] for r in out["runs"]] == [0] * 3 + [3] * 3
+    for name, row in rows.items():
+        runs = [r for r in out["runs"] if r["method"] == name]
+        assert row["seeds"] == [0, 3] and row["schedule"] == "cosine"
+        assert row["final_accuracies"] == [r["final_accuracy"] for r in runs]
+        assert row["final_accuracy"] == pytest.approx(np.mean(row["final_accuracies"]))
+        assert len(row["accuracies"]) == len(row["losses"]) == 2
+        assert 0 < row["final_accuracy"] <= 1
+    # one rank, no compression: ccl's optimizer and DDP take the very same steps
+    assert rows["ccl/none"]["final_accuracies"] == rows["ddp/none"]["final_accuracies"]
+    assert rows["ccl/none"]["losses"] == rows["ddp/none"]["losses"]
+    assert rows["ccl/onebit"]["bytes_sent"] == rows["ccl/none"]["bytes_sent"] == 0
+
+
 def test_decode_reencode_variant_is_thc_but_not_homomorphic():
     thc = get_codec("thc", bits=3)
     for stats, agreed in (("own", False), ("agreed", True)):
