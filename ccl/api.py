@@ -291,7 +291,10 @@ def compressed_allreduce(x, codec=None, comm=None, op="sum", algorithm="auto", k
         Defaults to ``MPI.COMM_WORLD``. ccl's traffic runs on a private
         duplicate cached on it.
     op : {"sum", "mean"}
+        Sum or average over ranks (``mean`` divides once, at decode).
     algorithm : {"auto", "ring", "tree", "direct", "allgather", "mpi"}
+        How chunks travel (see the algorithms page); ``auto`` chooses by
+        size, rank count and codec, and sends small messages uncompressed.
     key : hashable, optional
         Names the tensor: error-feedback residuals and the step counter are
         kept per key (on the communicator) across calls.
@@ -339,14 +342,41 @@ def reduce_scatter(x, codec=None, comm=None, op="sum", algorithm="ring", key=Non
     """Sum an array over all ranks and return this rank's block of the result.
 
     The block is ``numpy.array_split(result.ravel(), comm.size)[comm.rank]``.
-    Parameters, errors and semantics are those of :func:`compressed_allreduce`;
-    ``algorithm`` is ``"ring"``, ``"direct"`` or ``"auto"``. The owner of a
-    block keeps its exact sum (there is no final re-encode).
+    Errors and semantics are those of :func:`compressed_allreduce`. The
+    owner of a block keeps its exact sum (there is no final re-encode).
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Array of any shape; the same shape and dtype on every rank.
+    codec : Codec, str, dict or None
+        The codec (see :func:`ccl.codecs.get_codec`).
+    comm : mpi4py.MPI.Intracomm, optional
+        Defaults to ``MPI.COMM_WORLD``.
+    op : {"sum", "mean"}
+        Sum or average over ranks.
+    algorithm : {"ring", "direct", "auto"}
+        The algorithm of the reduce-scatter phase.
+    key : hashable, optional
+        Names the tensor for error feedback (see :func:`compressed_allreduce`).
+    check_finite : bool
+        Raise :class:`ccl.NonFiniteError` on every rank for NaN/Inf input.
+    timeout : float, optional
+        Seconds to wait for a peer before aborting the job.
 
     Returns
     -------
     numpy.ndarray
         1-D block of ``x``'s dtype.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad arguments (on the offending ranks; the others raise MismatchError).
+    MismatchError
+        Ranks passed different shapes, dtypes, codecs, ops or algorithms.
+    NonFiniteError
+        NaN/Inf input with ``check_finite=True``.
 
     Examples
     --------
@@ -368,10 +398,34 @@ def allgather(block, codec=None, comm=None, key=None, check_finite=False, timeou
     dtype. Each block is encoded once by its rank (with error feedback under
     ``key``) and decoded by every rank, so results agree bitwise.
 
+    Parameters
+    ----------
+    block : numpy.ndarray
+        This rank's block (flattened); the same dtype on every rank.
+    codec : Codec, str, dict or None
+        The codec (see :func:`ccl.codecs.get_codec`).
+    comm : mpi4py.MPI.Intracomm, optional
+        Defaults to ``MPI.COMM_WORLD``.
+    key : hashable, optional
+        Names the block for error feedback (see :func:`compressed_allreduce`).
+    check_finite : bool
+        Raise :class:`ccl.NonFiniteError` on every rank for NaN/Inf input.
+    timeout : float, optional
+        Seconds to wait for a peer before aborting the job.
+
     Returns
     -------
     numpy.ndarray
         1-D array of ``block``'s dtype.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad arguments (on the offending ranks; the others raise MismatchError).
+    MismatchError
+        Ranks passed different dtypes or codecs.
+    NonFiniteError
+        NaN/Inf input with ``check_finite=True``.
 
     Examples
     --------
@@ -461,7 +515,36 @@ class Communicator:
                     self.partition_bytes, self.min_compress_bytes)
 
     def allreduce(self, x, key=None, op=None, algorithm=None, check_finite=None, codec=None):
-        """:func:`compressed_allreduce` with this communicator's defaults and state."""
+        """:func:`compressed_allreduce` with this communicator's defaults and state.
+
+        Parameters
+        ----------
+        x : numpy.ndarray
+            Array of any shape; the same on every rank.
+        key : hashable, optional
+            Names the tensor: error-feedback residuals are kept per key.
+        op : {"sum", "mean"}, optional
+            Override the communicator's default op.
+        algorithm : str, optional
+            Override the communicator's default algorithm.
+        check_finite : bool, optional
+            Override the communicator's default.
+        codec : Codec, str, dict, optional
+            Override the communicator's codec for this call.
+
+        Returns
+        -------
+        numpy.ndarray
+            The sum (or mean), with ``x``'s shape and dtype.
+
+        Examples
+        --------
+        >>> import numpy as np, ccl
+        >>> c = ccl.Communicator(codec="onebit", algorithm="direct")
+        >>> y = c.allreduce(np.ones(100_000, np.float32), key="layer1.weight")
+        >>> y.shape
+        (100000,)
+        """
         return self._call("allreduce", x, key, op, algorithm, check_finite, codec)
 
     def reduce_scatter(self, x, key=None, op=None, algorithm=None, check_finite=None,
@@ -470,13 +553,50 @@ class Communicator:
 
         ``algorithm=None`` uses ``"auto"`` unless the communicator's default
         algorithm supports reduce-scatter.
+
+        Parameters
+        ----------
+        x : numpy.ndarray
+            Array of any shape; the same on every rank.
+        key : hashable, optional
+            Names the tensor: error-feedback residuals are kept per key.
+        op : {"sum", "mean"}, optional
+            Override the communicator's default op.
+        algorithm : str, optional
+            Override the communicator's default algorithm.
+        check_finite : bool, optional
+            Override the communicator's default.
+        codec : Codec, str, dict, optional
+            Override the communicator's codec for this call.
+
+        Returns
+        -------
+        numpy.ndarray
+            This rank's 1-D block of the result.
         """
         if algorithm is None and self.algorithm not in collectives.REDUCE_SCATTER:
             algorithm = "auto"
         return self._call("reduce_scatter", x, key, op, algorithm, check_finite, codec)
 
     def allgather(self, block, key=None, check_finite=None, codec=None):
-        """:func:`allgather` with this communicator's defaults and state."""
+        """:func:`allgather` with this communicator's defaults and state.
+
+        Parameters
+        ----------
+        block : numpy.ndarray
+            This rank's block.
+        key : hashable, optional
+            Names the tensor: error-feedback residuals are kept per key.
+        check_finite : bool, optional
+            Override the communicator's default.
+        codec : Codec, str, dict, optional
+            Override the communicator's codec for this call.
+
+        Returns
+        -------
+        numpy.ndarray
+            The 1-D concatenation of every rank's block.
+        """
         return self._call("allgather", block, key, "sum", "auto", check_finite, codec)
 
     def state_dict(self):
@@ -484,6 +604,13 @@ class Communicator:
 
         Error feedback is per rank: save each rank's ``state_dict()`` (e.g.
         one file per rank) and restore it on the same rank.
+
+        Returns
+        -------
+        dict
+            ``{"codec": config, "feedback": {key: {"layout", "step",
+            "residuals"}}, "codec_state": ...}``; picklable, for checkpoint
+            files (never for the wire).
         """
         codec_state = getattr(self.codec, "state_dict", None)
         return {"codec": self.codec.get_config(),
@@ -493,10 +620,16 @@ class Communicator:
     def load_state_dict(self, state):
         """Restore :meth:`state_dict` output (residuals and steps of every key).
 
+        Parameters
+        ----------
+        state : dict
+            What :meth:`state_dict` returned on this rank.
+
         Raises
         ------
         ValueError
-            If the state was saved with another codec configuration.
+            If the state was saved with another codec configuration, or is
+            not shaped like :meth:`state_dict` output.
         """
         if state.get("codec") != self.codec.get_config():
             raise ValueError(f"state was saved with codec {state.get('codec')!r}, this "

@@ -30,7 +30,7 @@ Set ``CCL_SKIP_LAUNCH_CHECK=1`` where independent one-rank processes are
 intended (e.g. ``srun -n 4 python serial_script.py`` on purpose).
 
 ccl runs the check once per process, when the first collective creates its
-private channel (:func:`ccl.transport.channel`), and ``python -m ccl.bench``
+private channel (``ccl.transport.channel``), and ``python -m ccl.bench``
 runs it before measuring anything.
 """
 
@@ -175,6 +175,13 @@ def node_local_rank(comm=None):
     -------
     (int, int)
         The node-local rank and the number of ranks of ``comm`` on this node.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> local_rank, local_size = node_local_rank(MPI.COMM_WORLD)
+    >>> 0 <= local_rank < local_size <= MPI.COMM_WORLD.size
+    True
     """
     from mpi4py import MPI
 

@@ -88,6 +88,20 @@ class Header:
         Number of elements the payload decodes to.
     body_len : int
         Bytes after the header.
+
+    Parameters
+    ----------
+    wire_id, flags, dtype, contributors, config_hash, n, body_len
+        The attributes above, in that order.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ccl.codecs import Header, get_codec
+    >>> payload = get_codec("fp16").encode(np.ones(10, np.float32))
+    >>> header = Header.unpack(payload)
+    >>> header.wire_id, header.n, header.body_len, header.dtype
+    (2, 10, 20, dtype('float32'))
     """
 
     wire_id: int
@@ -99,14 +113,30 @@ class Header:
     body_len: int
 
     def pack(self):
-        """Return the header as 32 bytes."""
+        """Return the header as 32 bytes.
+
+        Returns
+        -------
+        bytes
+            The little-endian header (magic, version, fields).
+        """
         return _HEADER.pack(MAGIC, FORMAT_VERSION, self.wire_id, self.flags,
                             _DTYPE_CODES[np.dtype(self.dtype)], 0, self.contributors,
                             self.config_hash, self.n, self.body_len)
 
     @classmethod
     def unpack(cls, payload):
-        """Parse and validate the header of ``payload`` (a 1-D uint8 array).
+        """Parse and validate the header of ``payload``.
+
+        Parameters
+        ----------
+        payload : numpy.ndarray
+            A 1-D ``uint8`` payload.
+
+        Returns
+        -------
+        Header
+            The parsed fields.
 
         Raises
         ------
@@ -172,6 +202,21 @@ class CodecContext:
     n : int or None
         The element count the receiver expects; a payload claiming another
         count is a :class:`ccl.PayloadError` before anything is allocated.
+
+    Parameters
+    ----------
+    step, key, chunk, rank, shared, n
+        The attributes above (all optional).
+
+    Examples
+    --------
+    >>> from ccl.codecs import CodecContext
+    >>> a, b = CodecContext(step=3, key="w", chunk=1), CodecContext(step=3, key="w", chunk=1)
+    >>> a.seed(42) == b.seed(42)                       # shared randomness agrees
+    True
+    >>> a.seed(42, per_rank=True) == CodecContext(step=3, key="w", chunk=1, rank=1).seed(
+    ...     42, per_rank=True)
+    False
     """
 
     step: int = 0
@@ -188,6 +233,18 @@ class CodecContext:
         randomness (rotations, random-k indices) agrees without
         communication; ``per_rank=True`` mixes in the rank for independent
         draws (stochastic rounding).
+
+        Parameters
+        ----------
+        base_seed : int, str or None
+            The codec's configured seed.
+        per_rank : bool
+            Mix in ``rank``.
+
+        Returns
+        -------
+        int
+            A non-negative 63-bit seed.
         """
         words = [_seed_words(base_seed), _seed_words(self.step), _seed_words(self.key),
                  _seed_words(self.chunk), (self.rank + 1) if per_rank else 0]
@@ -195,7 +252,20 @@ class CodecContext:
         return (int(state[0]) | (int(state[1]) << 32)) & 0x7FFFFFFFFFFFFFFF
 
     def rng(self, base_seed, per_rank=False):
-        """Return a numpy ``Generator`` seeded by :meth:`seed`."""
+        """Return a numpy ``Generator`` seeded by :meth:`seed`.
+
+        Parameters
+        ----------
+        base_seed : int, str or None
+            The codec's configured seed.
+        per_rank : bool
+            Mix in ``rank``.
+
+        Returns
+        -------
+        numpy.random.Generator
+            A Philox generator.
+        """
         return np.random.Generator(np.random.Philox(self.seed(base_seed, per_rank)))
 
 
@@ -224,11 +294,12 @@ class Codec:
 
     Subclasses set the class attributes below, store their parameters as
     public attributes in ``__init__`` (validating them eagerly with
-    ``ValueError``), and implement :meth:`_encode` and :meth:`_decode`
-    (plus :meth:`_add` if homomorphic).
+    ``ValueError``), and implement ``_encode`` and ``_decode``
+    (plus ``_add`` if homomorphic). The contributing guide walks through
+    adding one.
 
-    Class attributes
-    ----------------
+    Attributes
+    ----------
     codec_id : str
         Lower-case id used by :func:`get_codec` and in configs.
     wire_id : int
@@ -245,6 +316,25 @@ class Codec:
         Payload size varies with the data (``auto`` prefers ``allgather``).
     input_dtypes : tuple of numpy dtypes
         Accepted input dtypes; others raise ``TypeError``.
+
+    Examples
+    --------
+    A toy codec that sends every value as float32 (it would need a free
+    wire id to be registered with :func:`register_codec`):
+
+    >>> import numpy as np
+    >>> from ccl.codecs import Codec
+    >>> class Float32Codec(Codec):
+    ...     codec_id, wire_id, error_feedback = "float32-example", 200, False
+    ...     def _encode(self, x, ctx):
+    ...         return x.astype(np.float32).view(np.uint8), 0
+    ...     def _decode(self, header, body, ctx):
+    ...         return body.view(np.float32).copy()
+    >>> codec = Float32Codec()
+    >>> codec.decode(codec.encode(np.array([1.0, 2.0])))
+    array([1., 2.], dtype=float32)
+    >>> codec.get_config()
+    {'id': 'float32-example'}
     """
 
     codec_id = None
@@ -257,13 +347,42 @@ class Codec:
 
     # ----------------------------------------------------------- configuration
     def get_config(self):
-        """Return the configuration as a JSON-serialisable dict with an ``"id"``."""
+        """Return the configuration as a JSON-serialisable dict with an ``"id"``.
+
+        Returns
+        -------
+        dict
+            ``{"id": codec_id, **public attributes}``; :func:`get_codec` and
+            :meth:`from_config` accept it.
+
+        Examples
+        --------
+        >>> from ccl.codecs import get_codec
+        >>> get_codec("topk", density=0.05).get_config()
+        {'id': 'topk', 'density': 0.05, 'k': None}
+        """
         public = {k: v for k, v in vars(self).items() if not k.startswith("_")}
         return {"id": self.codec_id, **public}
 
     @classmethod
     def from_config(cls, config):
-        """Build a codec from :meth:`get_config` output (the dict is not modified)."""
+        """Build a codec from :meth:`get_config` output (the dict is not modified).
+
+        Parameters
+        ----------
+        config : dict
+            A configuration; its ``"id"`` (optional) must be this class's.
+
+        Returns
+        -------
+        Codec
+            A new instance of this class.
+
+        Raises
+        ------
+        ValueError
+            If the id names another codec, or a parameter is invalid.
+        """
         config = dict(config)
         codec_id = config.pop("id", cls.codec_id)
         if codec_id != cls.codec_id:
@@ -317,6 +436,14 @@ class Codec:
         ------
         TypeError
             If ``x`` is not an array of an accepted dtype.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from ccl.codecs import get_codec
+        >>> payload = get_codec("onebit").encode(np.ones((4, 8), np.float32))
+        >>> payload.dtype, payload.size          # header, scale, 32 bits
+        (dtype('uint8'), 40)
         """
         x = self.check_input(x)
         ctx = CodecContext() if ctx is None else ctx
@@ -349,6 +476,18 @@ class Codec:
             or configuration.
         CompressionOverflowError
             If the payload is flagged ``OVERFLOW``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from ccl.codecs import get_codec
+        >>> codec = get_codec("bf16")
+        >>> codec.decode(codec.encode(np.array([0.5, -1.0], np.float32)))
+        array([ 0.5, -1. ], dtype=float32)
+        >>> codec.decode(np.zeros(40, np.uint8))
+        Traceback (most recent call last):
+        ...
+        ccl.errors.PayloadError: not a ccl payload (bad magic)
         """
         values, header = self.decode_with_header(payload, ctx)
         if header.flags & FLAG_OVERFLOW:
@@ -362,10 +501,19 @@ class Codec:
         Collectives use this so that every rank can first finish the
         exchange and then raise together.
 
+        Parameters
+        ----------
+        payload : numpy.ndarray
+            1-D ``uint8`` payload.
+        ctx : CodecContext, optional
+            The context the payload was encoded with.
+
         Returns
         -------
         values : numpy.ndarray
+            The decoded values (NaN for a flagged payload).
         header : Header
+            The validated header, with its flags.
         """
         header = self.read_header(payload)
         ctx = CodecContext() if ctx is None else ctx
@@ -391,12 +539,33 @@ class Codec:
         codec's documented rounding). Flags combine: ``NONFINITE`` wins over
         everything, ``OVERFLOW`` over data.
 
+        Parameters
+        ----------
+        a, b : numpy.ndarray
+            Payloads of this codec holding the same element count.
+        ctx : CodecContext, optional
+            The encodes' context (codecs with shared randomness need it).
+
+        Returns
+        -------
+        numpy.ndarray
+            The payload of the sum; its header counts both contributors.
+
         Raises
         ------
         TypeError
             If the codec is not homomorphic.
         PayloadError
             If a payload is malformed or the two hold different element counts.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from ccl.codecs import get_codec
+        >>> codec = get_codec("fp16")
+        >>> a, b = codec.encode(np.ones(3, np.float32)), codec.encode(np.full(3, 2, np.float32))
+        >>> codec.decode(codec.add(a, b))
+        array([3., 3., 3.], dtype=float32)
         """
         if not self.homomorphic:
             raise TypeError(f"codec {self.codec_id!r} is not homomorphic: decode, add and "
@@ -417,15 +586,41 @@ class Codec:
     def shared_stats(self, x):
         """Statistics of a chunk that all ranks must agree on (reduced with MAX).
 
-        Returns a 1-D float64 array (empty by default). The collective calls
-        this on each rank's chunk input (after error feedback), takes the
-        element-wise maximum over ranks, and passes it as ``ctx.shared``.
+        The collective calls this on each rank's chunk input (after error
+        feedback), takes the element-wise maximum over ranks, and passes it
+        as ``ctx.shared``.
+
+        Parameters
+        ----------
+        x : numpy.ndarray
+            This rank's chunk input.
+
+        Returns
+        -------
+        numpy.ndarray
+            A 1-D float64 array (empty by default: nothing to agree on).
         """
         return np.empty(0, dtype=np.float64)
 
     # ------------------------------------------------------ helpers for codecs
     def check_input(self, x):
-        """Return ``x`` as a 1-D contiguous array of an accepted dtype, or raise TypeError."""
+        """Return ``x`` as a 1-D contiguous array of an accepted dtype.
+
+        Parameters
+        ----------
+        x : array_like
+            Input of any shape.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``x`` flattened in C order (copied if it was not contiguous).
+
+        Raises
+        ------
+        TypeError
+            If ``x`` is not an array, or its dtype is not in ``input_dtypes``.
+        """
         if not hasattr(x, "dtype") or not hasattr(x, "shape"):
             raise TypeError(f"codec {self.codec_id!r} encodes arrays, got {type(x).__name__}")
         x = np.asarray(x)
@@ -435,11 +630,38 @@ class Codec:
         return np.ascontiguousarray(x).reshape(-1)
 
     def decoded_dtype(self, input_dtype):
-        """The dtype :meth:`decode` returns for input of ``input_dtype`` (float32 by default)."""
+        """The dtype :meth:`decode` returns for input of ``input_dtype``.
+
+        Parameters
+        ----------
+        input_dtype : numpy.dtype
+            The dtype given to :meth:`encode`.
+
+        Returns
+        -------
+        numpy.dtype
+            float32 by default.
+        """
         return np.dtype(np.float32)
 
     def read_header(self, payload):
-        """Validate ``payload``'s header for this codec and return it."""
+        """Validate ``payload``'s header for this codec and return it.
+
+        Parameters
+        ----------
+        payload : numpy.ndarray
+            A 1-D ``uint8`` payload.
+
+        Returns
+        -------
+        Header
+            The validated header.
+
+        Raises
+        ------
+        PayloadError
+            If the header is malformed, or made by another codec or configuration.
+        """
         header = Header.unpack(payload)
         if header.wire_id != self.wire_id:
             other = _WIRE_IDS.get(header.wire_id)
@@ -451,7 +673,26 @@ class Codec:
         return header
 
     def pack(self, body, n, flags=0, contributors=1, dtype=np.float32):
-        """Prepend a header to ``body`` (bytes or a uint8 array) and return the payload."""
+        """Prepend a header to ``body`` and return the payload.
+
+        Parameters
+        ----------
+        body : bytes or numpy.ndarray
+            The codec's body (bytes or a uint8 array).
+        n : int
+            Elements the payload decodes to.
+        flags : int
+            Header flags.
+        contributors : int
+            Encoded inputs summed into this payload.
+        dtype : numpy.dtype
+            The dtype decode returns.
+
+        Returns
+        -------
+        numpy.ndarray
+            1-D ``uint8`` payload.
+        """
         body = np.frombuffer(body, dtype=np.uint8) if isinstance(body, (bytes, bytearray)) \
             else np.asarray(body, dtype=np.uint8).reshape(-1)
         header = Header(self.wire_id, flags, np.dtype(dtype), contributors, self.config_hash,
@@ -462,7 +703,24 @@ class Codec:
         return out
 
     def flagged_payload(self, n, flag, contributors=1, dtype=np.float32):
-        """A header-only payload flagged ``NONFINITE`` or ``OVERFLOW``."""
+        """A header-only payload flagged ``NONFINITE`` or ``OVERFLOW``.
+
+        Parameters
+        ----------
+        n : int
+            Elements the payload decodes to (as NaN).
+        flag : int
+            ``FLAG_NONFINITE`` or ``FLAG_OVERFLOW``.
+        contributors : int
+            Encoded inputs summed into this payload.
+        dtype : numpy.dtype
+            The dtype decode returns.
+
+        Returns
+        -------
+        numpy.ndarray
+            1-D ``uint8`` payload with an empty body.
+        """
         return self.pack(b"", n, flags=flag, contributors=contributors, dtype=dtype)
 
     # --------------------------------------------------------- subclass hooks
@@ -482,10 +740,29 @@ class Codec:
 def register_codec(cls):
     """Register a :class:`Codec` subclass under its ``codec_id`` (usable as a decorator).
 
+    ``cls`` is the subclass, with ``codec_id`` and ``wire_id`` set.
+
+    Returns
+    -------
+    type
+        ``cls`` itself, so the function works as a class decorator.
+
     Raises
     ------
     ValueError
         If the id is not lower case, or the id or wire id is taken by another class.
+
+    Examples
+    --------
+    >>> from ccl.codecs import FP16Codec, register_codec
+    >>> register_codec(FP16Codec) is FP16Codec          # registering again is harmless
+    True
+    >>> class Clash(FP16Codec):
+    ...     codec_id = "fp16"
+    >>> register_codec(Clash)
+    Traceback (most recent call last):
+    ...
+    ValueError: codec 'fp16' is already registered by FP16Codec
     """
     codec_id, wire_id = cls.codec_id, cls.wire_id
     if not isinstance(codec_id, str) or codec_id != codec_id.lower() or not codec_id:
@@ -502,7 +779,19 @@ def register_codec(cls):
 
 
 def registered_codecs():
-    """Return the registered codec ids, sorted."""
+    """Return the registered codec ids, sorted.
+
+    Returns
+    -------
+    list of str
+        Every id :func:`get_codec` accepts.
+
+    Examples
+    --------
+    >>> from ccl.codecs import registered_codecs
+    >>> {"none", "fp16", "3lc", "thc", "topk"} <= set(registered_codecs())
+    True
+    """
     return sorted(_REGISTRY)
 
 
@@ -520,6 +809,7 @@ def get_codec(spec=None, **params):
     Returns
     -------
     Codec
+        The codec (a new instance unless ``spec`` was one).
 
     Raises
     ------

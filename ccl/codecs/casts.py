@@ -41,6 +41,14 @@ class NoneCodec(_CastCodec):
     With an explicit algorithm the result equals the exact sum to the
     input dtype's rounding; with ``algorithm="auto"`` the collectives hand
     the array to the MPI library's own ``Allreduce``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ccl.codecs import NoneCodec
+    >>> x = np.array([1.5, -2.0], np.float64)
+    >>> NoneCodec().decode(NoneCodec().encode(x))
+    array([ 1.5, -2. ])
     """
 
     codec_id = "none"
@@ -48,6 +56,18 @@ class NoneCodec(_CastCodec):
     input_dtypes = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 
     def decoded_dtype(self, input_dtype):
+        """The input's own dtype: values travel uncast.
+
+        Parameters
+        ----------
+        input_dtype : numpy.dtype
+            The dtype given to :meth:`~ccl.codecs.Codec.encode`.
+
+        Returns
+        -------
+        numpy.dtype
+            ``input_dtype`` itself.
+        """
         return np.dtype(input_dtype)
 
     def _encode(self, x, ctx):
@@ -101,6 +121,17 @@ class FP16Codec(_CastCodec):
     ``OVERFLOW`` and the collective raises
     :class:`ccl.CompressionOverflowError` on every rank. ``op="mean"``
     divides before the cast, which keeps averaged gradients in range.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ccl.codecs import FP16Codec
+    >>> codec = FP16Codec()
+    >>> payload = codec.encode(np.array([1.0, 1e-4, 3.14159], np.float32))
+    >>> payload.size                     # 32-byte header + 3 x 2 bytes
+    38
+    >>> codec.decode(payload).tolist()
+    [1.0, 0.00010001659393310547, 3.140625]
     """
 
     codec_id = "fp16"
@@ -140,6 +171,14 @@ class BF16Codec(_CastCodec):
     """bfloat16: float32's exponent range with 8 bits of mantissa, 16 bits per value.
 
     Sent as bytes: the PyPI MPI wheels have no bfloat16 datatype.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ccl.codecs import BF16Codec
+    >>> codec = BF16Codec()
+    >>> codec.decode(codec.encode(np.array([1.0, 3.14159, -0.1], np.float32))).tolist()
+    [1.0, 3.140625, -0.10009765625]
     """
 
     codec_id = "bf16"

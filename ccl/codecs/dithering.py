@@ -204,6 +204,18 @@ class DitheringCodec(Codec):
     residuals at every lossy point by default. Not homomorphic (per-rank
     scales): use the ``direct`` collective. A chunk whose scale is zero
     decodes to zeros.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ccl.codecs import get_codec
+    >>> codec = get_codec("dithering", levels=127)
+    >>> x = np.linspace(-1, 1, 1000, dtype=np.float32)
+    >>> payload = codec.encode(x)
+    >>> payload.size < x.nbytes / 3      # 8 bits per value
+    True
+    >>> bool(np.abs(codec.decode(payload) - x).max() <= 1 / 127 + 1e-6)
+    True
     """
 
     codec_id = "dithering"
@@ -233,7 +245,13 @@ class DitheringCodec(Codec):
         return np.dtype(np.int8) if self.levels <= 127 else np.dtype(np.int16)
 
     def level_values(self):
-        """The ``levels + 1`` magnitudes (fractions of the scale), level 0 first, as float64."""
+        """The ``levels + 1`` magnitudes (fractions of the scale), level 0 first.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64 array of ``levels + 1`` values from 0 to 1.
+        """
         s = self.levels
         j = np.arange(s + 1, dtype=np.float64)
         if self.partition == "linear":

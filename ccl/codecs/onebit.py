@@ -109,6 +109,7 @@ class OneBitCodec(Codec):
     Examples
     --------
     >>> import numpy as np
+    >>> from ccl.codecs import OneBitCodec
     >>> codec = OneBitCodec()
     >>> codec.decode(codec.encode(np.array([1.0, -3.0, 0.0, 2.0], np.float32)))
     array([ 1.5, -1.5,  1.5,  1.5], dtype=float32)

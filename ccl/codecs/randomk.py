@@ -162,12 +162,22 @@ class RandomKCodec(Codec):
 
     Notes
     -----
-    Homomorphic and exact: :meth:`add` sums two value vectors in float32, and
+    Homomorphic and exact: :meth:`~ccl.codecs.Codec.add` sums two value vectors in float32, and
     ``decode(add(a, b)) == decode(a) + decode(b)`` bit for bit. 32 bits per
     value sent (``32 k / d`` per element) plus a 16-byte body header. Decode
     needs the encode's step, key and chunk (as the collectives pass them);
     another context is detected by the seed hash and raises
     :class:`ccl.PayloadError`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ccl.codecs import get_codec
+    >>> codec = get_codec("randomk", k=3)
+    >>> x = np.arange(10, dtype=np.float32)
+    >>> y = codec.decode(codec.encode(x))
+    >>> int(np.count_nonzero(y)) <= 3 and bool(np.isin(y[y != 0], x).all())
+    True
     """
 
     codec_id = "randomk"
@@ -199,7 +209,18 @@ class RandomKCodec(Codec):
         self.scale = None if scale is None else bool(scale)
 
     def count(self, d):
-        """Number of values sent for a chunk of ``d`` elements."""
+        """Number of values sent for a chunk of ``d`` elements.
+
+        Parameters
+        ----------
+        d : int
+            Elements in the chunk.
+
+        Returns
+        -------
+        int
+            ``k`` for this chunk (0 for an empty chunk).
+        """
         if d == 0:
             return 0
         if self.k is not None:
@@ -207,7 +228,20 @@ class RandomKCodec(Codec):
         return min(d, max(1, int(round(self.density * d))))
 
     def indices(self, d, ctx):
-        """The sorted indices a chunk of ``d`` elements sends under ``ctx``."""
+        """The sorted indices a chunk of ``d`` elements sends under ``ctx``.
+
+        Parameters
+        ----------
+        d : int
+            Elements in the chunk.
+        ctx : CodecContext
+            Step, key and chunk of the encode (every rank draws the same).
+
+        Returns
+        -------
+        numpy.ndarray
+            :meth:`count` sorted integer indices into the chunk.
+        """
         return randomk_indices(ctx.seed(self.seed), d, self.count(d))
 
     def _encode(self, x, ctx):

@@ -58,7 +58,7 @@ class THCCodec(Codec):
     Unbiased up to the clamp at ``±T`` standard deviations (error feedback
     absorbs the clamp). Needs a shared max norm per chunk: collectives get
     it from :meth:`shared_stats` by a tiny ``MAX`` allreduce; a standalone
-    :meth:`encode` uses the local norm.
+    :meth:`~ccl.codecs.Codec.encode` uses the local norm.
 
     Parameters
     ----------
@@ -143,7 +143,18 @@ class THCCodec(Codec):
 
     # --------------------------------------------------------------- encoding
     def shared_stats(self, x):
-        """Return ``[||x||_2]`` (float64); the collective takes the max over ranks."""
+        """Return the chunk's norm; the collective takes the max over ranks.
+
+        Parameters
+        ----------
+        x : numpy.ndarray
+            This rank's chunk input (after error feedback).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[||x||_2]`` as float64.
+        """
         x = self.check_input(x)
         return np.array([_norm(x)], dtype=np.float64)
 

@@ -182,11 +182,22 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     optimizer : torch.optim.Optimizer
         The same kind of optimizer over the same parameter shapes on every rank.
     root_rank : int
+        The rank whose state every rank gets.
 
     Raises
     ------
     ccl.MismatchError
         If ranks' optimizers hold different parameter groups or shapes.
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as ct
+    >>> ct.init()
+    >>> model = torch.nn.Linear(4, 2)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1 * (ct.rank() + 1))
+    >>> ct.broadcast_optimizer_state(opt, root_rank=0)
+    >>> opt.param_groups[0]["lr"]
+    0.1
     """
     runtime = current()
     comm = runtime.comm
@@ -223,6 +234,23 @@ def broadcast_object(obj, root_rank=0):
     one trusted job only. Tensors are better sent with
     :func:`broadcast_parameters`.
 
+    Parameters
+    ----------
+    obj : object
+        A picklable object (only root's is used).
+    root_rank : int
+        The rank whose object every rank gets.
+
+    Returns
+    -------
+    object
+        Root's ``obj``.
+
+    Raises
+    ------
+    ValueError
+        If ``root_rank`` is not a rank of the communicator.
+
     Examples
     --------
     >>> import ccl.torch as ct
@@ -239,5 +267,27 @@ def allgather_object(obj):
     """Return the list of every rank's ``obj``, in rank order (collective; pickled).
 
     Same caveats as :func:`broadcast_object`.
+
+    Parameters
+    ----------
+    obj : object
+        This rank's picklable object.
+
+    Returns
+    -------
+    list
+        ``size()`` objects, rank 0's first.
+
+    Raises
+    ------
+    RuntimeError
+        If :func:`ccl.torch.init` was not called.
+
+    Examples
+    --------
+    >>> import ccl.torch as ct
+    >>> ct.init()
+    >>> ct.allgather_object(ct.rank()) == list(range(ct.size()))
+    True
     """
     return current().comm.allgather(obj)

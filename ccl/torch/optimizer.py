@@ -553,6 +553,16 @@ class _DistributedMixin:
     def step(self, closure=None):
         """Synchronize (unless inside :meth:`skip_synchronize`), then take the wrapped step.
 
+        Parameters
+        ----------
+        closure : None
+            Not supported (see Raises).
+
+        Returns
+        -------
+        object
+            What the wrapped optimizer's ``step()`` returns (usually None).
+
         Raises
         ------
         ValueError
@@ -576,6 +586,16 @@ class _DistributedMixin:
     def zero_grad(self, set_to_none=True):
         """Clear gradients; raises while reductions are pending.
 
+        Parameters
+        ----------
+        set_to_none : bool
+            As in ``torch.optim.Optimizer.zero_grad``.
+
+        Returns
+        -------
+        None
+            As the wrapped ``zero_grad``.
+
         Raises
         ------
         RuntimeError
@@ -595,6 +615,11 @@ class _DistributedMixin:
         ``torch.load(..., weights_only=True)`` reads it). Residuals are per
         rank: to keep them, save every rank's state dict.
 
+        Returns
+        -------
+        dict
+            The optimizer's own entries and ``"ccl"``.
+
         Raises
         ------
         RuntimeError
@@ -613,6 +638,11 @@ class _DistributedMixin:
         A state without a ``"ccl"`` entry (e.g. from a plain optimizer) keeps
         the current residuals. Residuals saved by another rank (or at another
         size) are not loaded: they start from zero, with a warning.
+
+        Parameters
+        ----------
+        state_dict : dict
+            What :meth:`state_dict` returned (or a plain optimizer's state dict).
 
         Raises
         ------
@@ -689,7 +719,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
         Algorithm of compressed buckets (see :func:`ccl.compressed_allreduce`).
     backward_passes_per_step : int
         Backward passes accumulated locally (summed in ``.grad``) before one
-        reduction; call :meth:`step` after every that many passes.
+        reduction; call ``step()`` after every that many passes.
     op : {"mean", "sum"}
         Average (default) or sum the gradients over ranks.
     fusion_threshold_bytes : int
@@ -706,9 +736,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
     Returns
     -------
     torch.optim.Optimizer
-        The wrapped optimizer, with :meth:`~_DistributedMixin.synchronize`,
-        :meth:`~_DistributedMixin.skip_synchronize` and
-        :meth:`~_DistributedMixin.communication_stats`; ``state_dict()``
+        The wrapped optimizer, with the methods of
+        :class:`~ccl.torch.optimizer._DistributedMixin` (``synchronize()``,
+        ``skip_synchronize()``, ``communication_stats()``); ``state_dict()``
         carries error-feedback residuals under ``"ccl"``.
 
     Raises

@@ -97,6 +97,14 @@ def shutdown():
     Pending reductions of every :class:`~ccl.torch.DistributedOptimizer` are
     waited for and their background threads stopped; those optimizers cannot
     reduce gradients any more. Does nothing if not initialised.
+
+    Examples
+    --------
+    >>> import ccl.torch as ct
+    >>> ct.init()
+    >>> ct.shutdown()
+    >>> ct.is_initialized()
+    False
     """
     global _RUNTIME
     with _LOCK:
@@ -106,7 +114,20 @@ def shutdown():
 
 
 def is_initialized():
-    """Return whether :func:`init` was called (and :func:`shutdown` not since)."""
+    """Return whether :func:`init` was called (and :func:`shutdown` not since).
+
+    Returns
+    -------
+    bool
+        True between :func:`init` and :func:`shutdown`.
+
+    Examples
+    --------
+    >>> import ccl.torch as ct
+    >>> ct.init()
+    >>> ct.is_initialized()
+    True
+    """
     return _RUNTIME is not None
 
 
@@ -120,12 +141,49 @@ def current():
 
 
 def rank():
-    """This process's rank in the communicator given to :func:`init`."""
+    """This process's rank in the communicator given to :func:`init`.
+
+    Returns
+    -------
+    int
+        0 to ``size() - 1``.
+
+    Raises
+    ------
+    RuntimeError
+        If :func:`init` was not called.
+
+    Examples
+    --------
+    >>> import ccl.torch as ct
+    >>> ct.init()
+    >>> 0 <= ct.rank() < ct.size()
+    True
+    """
     return current().rank
 
 
 def size():
-    """Number of ranks in the communicator given to :func:`init`."""
+    """Number of ranks in the communicator given to :func:`init`.
+
+    Returns
+    -------
+    int
+        The communicator's size.
+
+    Raises
+    ------
+    RuntimeError
+        If :func:`init` was not called.
+
+    Examples
+    --------
+    >>> import ccl.torch as ct
+    >>> ct.init()
+    >>> from mpi4py import MPI
+    >>> ct.size() == MPI.COMM_WORLD.size
+    True
+    """
     return current().size
 
 
@@ -133,22 +191,93 @@ def local_rank():
     """This process's rank among the ranks on its node (``MPI.COMM_TYPE_SHARED``).
 
     Use it to pick a GPU: ``torch.cuda.set_device(ccl.torch.local_rank())``.
+
+    Returns
+    -------
+    int
+        0 to ``local_size() - 1``.
+
+    Raises
+    ------
+    RuntimeError
+        If :func:`init` was not called.
+
+    Examples
+    --------
+    >>> import ccl.torch as ct
+    >>> ct.init()
+    >>> 0 <= ct.local_rank() < ct.local_size()
+    True
     """
     return current().local_rank
 
 
 def local_size():
-    """Number of ranks on this process's node."""
+    """Number of ranks on this process's node.
+
+    Returns
+    -------
+    int
+        Ranks of the communicator that share this node's memory.
+
+    Raises
+    ------
+    RuntimeError
+        If :func:`init` was not called.
+
+    Examples
+    --------
+    >>> import ccl.torch as ct
+    >>> ct.init()
+    >>> 1 <= ct.local_size() <= ct.size()
+    True
+    """
     return current().local_size
 
 
 def cross_rank():
-    """Index of this process's node (its rank among ranks of the same local rank)."""
+    """Index of this process's node (its rank among ranks of the same local rank).
+
+    Returns
+    -------
+    int
+        0 to ``cross_size() - 1``.
+
+    Raises
+    ------
+    RuntimeError
+        If :func:`init` was not called.
+
+    Examples
+    --------
+    >>> import ccl.torch as ct
+    >>> ct.init()
+    >>> 0 <= ct.cross_rank() < ct.cross_size()
+    True
+    """
     return current().cross_rank
 
 
 def cross_size():
-    """Number of nodes holding a rank with this process's local rank."""
+    """Number of nodes holding a rank with this process's local rank.
+
+    Returns
+    -------
+    int
+        The number of nodes, when every node runs the same number of ranks.
+
+    Raises
+    ------
+    RuntimeError
+        If :func:`init` was not called.
+
+    Examples
+    --------
+    >>> import ccl.torch as ct
+    >>> ct.init()
+    >>> ct.cross_size() >= 1
+    True
+    """
     return current().cross_size
 
 
@@ -157,8 +286,18 @@ def threads_supported():
 
     That needs ``MPI_THREAD_MULTIPLE`` (mpi4py asks for it by default, and the
     PyPI MPI wheels provide it). Otherwise reductions run in the calling
-    thread at :meth:`~ccl.torch.DistributedOptimizer.synchronize` and do not
-    overlap the backward pass.
+    thread at ``synchronize()`` and do not overlap the backward pass.
+
+    Returns
+    -------
+    bool
+        ``MPI.Query_thread() >= MPI.THREAD_MULTIPLE``.
+
+    Examples
+    --------
+    >>> import ccl.torch as ct
+    >>> isinstance(ct.threads_supported(), bool)
+    True
     """
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
