@@ -23,8 +23,8 @@ import sys
 
 import numpy as np
 
-__all__ = ["Backend", "HOST", "backend_of", "is_device_array", "simulated_device",
-           "to_numpy"]
+__all__ = ["Backend", "HOST", "array_module", "backend_of", "is_device_array",
+           "simulated_device", "to_numpy"]
 
 
 class Backend:
@@ -169,6 +169,11 @@ def backend_of(x):
     if _FORCED is not None and isinstance(x, np.ndarray):
         return _FORCED
     return HOST
+
+
+def array_module(x):
+    """The array namespace of ``x``: ``cupy`` for cupy arrays, else ``numpy``."""
+    return backend_of(x).xp
 
 
 def to_numpy(x):

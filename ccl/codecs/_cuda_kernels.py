@@ -11,6 +11,8 @@ bit-identical wherever the codec is deterministic. Three rules keep them so:
   dithering's ``sum x**2``) reproduce the CPU kernel's summation order
   exactly: one thread per (block, accumulator) of the CPU loop, the few
   partial sums combined on the host in the CPU's order;
+* mixed float32/float64 arithmetic is written out as float64 (the simulator
+  would otherwise compute it in float32, numpy's rule for Python scalars);
 * no ``a * b + c`` is left to the compiler where it could be contracted
   into a fused multiply-add (NVVM contracts by default): the one such sum
   multiplies with ``dmul_rn``, which is never fused.
@@ -272,7 +274,7 @@ def thc_fill(x, n, factor, sign_seed, block, out):
     """``out[i] = xi_i * float32(x[i] * factor)`` for i < n, zero padding after."""
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
         if i < n:
-            v = np.float32(x[i] * factor)
+            v = np.float32(np.float64(x[i]) * factor)
             out[i] = -v if _flips(sign_seed, block, i) else v
         else:
             out[i] = np.float32(0.0)
@@ -414,7 +416,7 @@ def gather(x, idx, factor, scaled, out):
     """``out[i] = x[idx[i]]`` (times ``factor`` when scaled) in float32."""
     for i in range(cuda.grid(1), idx.size, cuda.gridsize(1)):
         if scaled:
-            out[i] = x[idx[i]] * factor
+            out[i] = np.float64(x[idx[i]]) * factor  # float64 product, as numba types it
         else:
             out[i] = x[idx[i]]
 
