@@ -105,7 +105,7 @@ def test_torch_tensors_through_dlpack():
         assert from_array(arr, like=g).is_cuda
 
 
-def test_codec_encode_of_cupy_array(xp):
+def test_codec_encode_keeps_module(xp):
     codec = ccl.codecs.get_codec("3lc")
     x = _input(0, n=33)
     payload = _run(xp, lambda: codec.encode(xp.asarray(x)))
