@@ -5,8 +5,9 @@ the payloads of the two paths are interchangeable (codec-specs.md), and
 bit-identical wherever the codec is deterministic. Three rules keep them so:
 
 * every element is computed by the same scalar formula, in the same
-  precision; leaf helpers are the CPU kernels' own Python functions
-  (``py_func``) compiled for the device;
+  precision; scalar helpers are the CPU kernels' own Python functions
+  (``py_func``) compiled for the device, with the helpers they call
+  rebound to their device twins;
 * reductions whose float result reaches the payload (onebit's ``sum|x|``,
   dithering's ``sum x**2``) reproduce the CPU kernel's summation order
   exactly: one thread per (block, accumulator) of the CPU loop, the few
@@ -23,6 +24,7 @@ threads, which keeps the simulator fast and still crosses block boundaries.
 """
 
 import math
+import types
 
 import numba
 import numpy as np
@@ -53,7 +55,6 @@ _mulhi64 = _device(_S._mulhi64.py_func)
 _digit = _device(_T._digit.py_func)
 _bit = _device(_cpu_bit.py_func)
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _LOW32 = np.uint64(0xFFFFFFFF)
 _TWO32 = 4294967296.0
 
@@ -67,27 +68,16 @@ else:  # pragma: no cover - needs a GPU
     _mul_rn = libdevice.dmul_rn
 
 
-@_device
-def stream64(seed, counter):
-    # the counter-th output of the SplitMix64 stream at seed (as _shared_kernels.stream64)
-    return mix64(np.uint64(seed) + (np.uint64(counter) + np.uint64(1)) * _GOLDEN)
+def _twin(func, **rebind):
+    """Compile a CPU kernel's Python function for the device, its callees rebound to twins."""
+    py = func.py_func
+    scope = dict(py.__globals__, **rebind)
+    return _device(types.FunctionType(py.__code__, scope, py.__name__, py.__defaults__,
+                                      py.__closure__))
 
 
-@_device
-def uniform_below(seed, counter, bound):
-    # Lemire's multiply-and-reject, rejections drawn far above the caller's counters
-    # (as _shared_kernels.uniform_below)
-    s = np.uint64(bound)
-    r = stream64(seed, counter)
-    lo = r * s
-    if lo < s:
-        threshold = (np.uint64(0) - s) % s
-        attempt = np.uint64(1)
-        while lo < threshold:
-            r = stream64(seed, np.uint64(counter) + attempt * np.uint64(1 << 62))
-            lo = r * s
-            attempt += np.uint64(1)
-    return _mulhi64(r, s)
+stream64 = _twin(_S.stream64, mix64=mix64)
+uniform_below = _twin(_S.uniform_below, stream64=stream64, _mulhi64=_mulhi64)
 
 
 # ----------------------------------------------------------------- casts

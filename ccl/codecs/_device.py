@@ -60,6 +60,18 @@ def _launch(be, kernel, n, *args):
         K.launch(kernel, n, be.stream(), *args)
 
 
+def _ordered_total(partial, lanes):
+    """A CPU kernel's float64 total from its per-block lane sums, in the CPU's order.
+
+    The lanes of a block are combined pairwise (``(a0 + a1) + (a2 + a3)`` ...),
+    then the blocks are added one after the other.
+    """
+    a = partial.reshape(-1, lanes)
+    while a.shape[1] > 1:
+        a = a[:, 0::2] + a[:, 1::2]
+    return float(np.add.accumulate(a[:, 0])[-1]) if a.shape[0] else 0.0
+
+
 def _all_finite(x, be):
     return x.size == 0 or bool(be.xp.isfinite(x).all())
 
@@ -148,10 +160,7 @@ class _OneBit:
         _launch(be, K.onebit_pack, body.size - onebit._SCALE.size, x, body[onebit._SCALE.size:])
         # the CPU's order: eight lane sums per block combined pairwise, blocks added in
         # order, then the tail one element at a time
-        a = _host(be, partial).reshape(nblocks, 8)
-        blocks = ((a[:, 0] + a[:, 1]) + (a[:, 2] + a[:, 3])) + ((a[:, 4] + a[:, 5])
-                                                                + (a[:, 6] + a[:, 7]))
-        total = float(np.add.accumulate(blocks)[-1]) if nblocks else 0.0
+        total = _ordered_total(_host(be, partial), 8)
         for v in _host(be, x[8 * full:]):
             total += float(abs(v))
         mean = total / n if n else 0.0
@@ -333,25 +342,16 @@ class _THC:
 
     @staticmethod
     def add(codec, ha, a_body, hb, b_body, ctx, be):
-        a_width, zero, max_norm, a_data = codec._parse(ha, a_body, ctx)
-        b_width, _, b_norm, b_data = codec._parse(hb, b_body, ctx)
-        if max_norm != b_norm:
-            raise PayloadError(f"THC payloads were scaled by different max norms "
-                               f"({max_norm} and {b_norm}): agree on ctx.shared first")
-        contributors = ha.contributors + hb.contributors
-        width = thc.lane_bytes(contributors, codec.g)
-        if width == 0:
-            return be.to_device(codec.flagged_payload(ha.n, FLAG_OVERFLOW, contributors,
-                                                      dtype=ha.dtype))
-        padded = codec._padded(ha.n)
-        body = be.xp.empty(thc.BODY_HEADER_SIZE + (0 if zero else padded * width),
-                           dtype=np.uint8)
-        _put(be, body[:thc.BODY_HEADER_SIZE],
-             codec._body_head(thc.KIND_LANES, width, zero, max_norm, ctx, padded))
-        if not zero:
-            _launch(be, K.thc_add_lanes, padded, a_data, a_width, b_data, b_width, codec.bits,
-                    be.to_device(codec._levels_u32()), body[thc.BODY_HEADER_SIZE:], width)
-        return pack(codec, body, ha.n, be, contributors=contributors, dtype=ha.dtype)
+        return codec._add(ha, a_body, hb, b_body, ctx)  # array-agnostic, with thc_add_lanes
+
+
+def thc_add_lanes(a, a_width, b, b_width, bits, levels, padded, out, out_width):
+    """Device twin of :func:`ccl.codecs._thc_kernels.add_lanes`."""
+    from .._xp import backend_of
+
+    be = backend_of(out)
+    _launch(be, K.thc_add_lanes, padded, a, a_width, b, b_width, bits, be.to_device(levels),
+            out, out_width)
 
 
 # ------------------------------------------------------------------ randomk
@@ -420,9 +420,7 @@ def _sum_squares(x, be):
     nblocks = (x.size + block - 1) // block
     partial = be.xp.empty(4 * nblocks, dtype=np.float64)
     _launch(be, K.sum_squares_partial, partial.size, x, block, partial)
-    a = _host(be, partial).reshape(nblocks, 4)
-    blocks = (a[:, 0] + a[:, 1]) + (a[:, 2] + a[:, 3])
-    return float(np.add.accumulate(blocks)[-1]) if nblocks else 0.0
+    return _ordered_total(_host(be, partial), 4)
 
 
 class _Dithering:

@@ -268,14 +268,20 @@ class THCCodec(Codec):
                                f"({max_norm} and {b_norm}): agree on ctx.shared first")
         contributors = ha.contributors + hb.contributors
         width = lane_bytes(contributors, self.g)
+        be = backend_of(a_body)  # device payloads add on the device
         if width == 0:
-            return self.flagged_payload(ha.n, FLAG_OVERFLOW, contributors, dtype=ha.dtype)
+            flagged = self.flagged_payload(ha.n, FLAG_OVERFLOW, contributors, dtype=ha.dtype)
+            return be.to_device(flagged) if be.device else flagged
         padded = self._padded(ha.n)
-        body = np.empty(BODY_HEADER_SIZE + (0 if zero else padded * width), dtype=np.uint8)
-        body[:BODY_HEADER_SIZE] = self._body_head(KIND_LANES, width, zero, max_norm, ctx, padded)
+        body = be.xp.empty(BODY_HEADER_SIZE + (0 if zero else padded * width), dtype=np.uint8)
+        be.upload(body[:BODY_HEADER_SIZE],
+                  self._body_head(KIND_LANES, width, zero, max_norm, ctx, padded))
         if not zero:
-            _k.add_lanes(a_data, a_width, b_data, b_width, self.bits, self._levels_u32(),
-                         padded, body[BODY_HEADER_SIZE:], width)
+            add_lanes = _k.add_lanes
+            if be.device:
+                from ._device import thc_add_lanes as add_lanes
+            add_lanes(a_data, a_width, b_data, b_width, self.bits, self._levels_u32(),
+                      padded, body[BODY_HEADER_SIZE:], width)
         return self.pack(body, ha.n, contributors=contributors, dtype=ha.dtype)
 
     def _levels_u32(self):
