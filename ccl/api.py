@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from . import collectives
 from .codecs.base import FLAG_OVERFLOW, Codec, all_finite, get_codec
+from ._xp import backend_of
 from .errors import CompressionOverflowError, MismatchError, NonFiniteError
 from .feedback import ErrorFeedback
 from .transport import channel as _channel
@@ -48,6 +49,7 @@ class _Request:
         self.partition_bytes, self.min_compress_bytes = partition_bytes, min_compress_bytes
         self.error = None
         self.codec = self.x = self.flat = self.algorithm = None
+        self.backend = backend_of(x)
         self.op, self.requested = op, algorithm
         self.nonfinite = False
         try:
@@ -63,15 +65,16 @@ class _Request:
             raise ValueError(f"algorithm must be one of {', '.join(_ALGORITHMS)}; "
                              f"got {algorithm!r}")
         if not (hasattr(x, "dtype") and hasattr(x, "shape")):
-            raise TypeError(f"x must be a numpy array, got {type(x).__name__}")
-        self.x = x = np.asarray(x)
+            raise TypeError(f"x must be a numpy or cupy array, got {type(x).__name__}")
+        xp = self.backend.xp
+        self.x = x = xp.asarray(x)
         if x.dtype not in _DTYPES or x.dtype not in self.codec.input_dtypes:
             accepted = ", ".join(str(d) for d in self.codec.input_dtypes)
             raise TypeError(f"codec {self.codec.codec_id!r} reduces arrays of {accepted}; "
                             f"got {x.dtype}")
         # Work in float32 (float64 for float64 input); copies non-contiguous input.
         work = np.float64 if x.dtype == np.float64 else np.float32
-        self.flat = np.ascontiguousarray(x, dtype=work).reshape(-1)
+        self.flat = xp.ascontiguousarray(x, dtype=work).reshape(-1)
         self.algorithm = self._resolve(algorithm, size)
         if check_finite:
             self.nonfinite = not all_finite(self.flat)
@@ -207,6 +210,7 @@ def _run(channel, feedback, collective, x, codec, op, algorithm, key, check_fini
         request = _Request(collective, x, codec, op, algorithm, check_finite, channel.size,
                            partition_bytes, min_compress_bytes)
         _agree(channel, request)
+        channel.use_backend(request.backend)  # device payloads: CUDA-aware MPI or staging
         codec, flat, algo, p = request.codec, request.flat, request.algorithm, channel.size
         channel.activity = (f"{collective}(key={key!r}, codec={codec.codec_id!r}, "
                             f"algorithm={algo!r})")
@@ -235,7 +239,7 @@ def _run(channel, feedback, collective, x, codec, op, algorithm, key, check_fini
             state.commit(skip_chunks=skip)
     finally:
         channel.end()
-    total = results[0] if len(results) == 1 else np.concatenate(results)
+    total = results[0] if len(results) == 1 else request.backend.xp.concatenate(results)
     if op == "mean" and not codec.predivide_mean and p > 1:
         total = total / p
     if collective != "allreduce":

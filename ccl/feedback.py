@@ -13,6 +13,8 @@ so a collective that raises (on every rank) leaves the state as it was.
 
 import numpy as np
 
+from ._xp import array_module, to_numpy
+
 __all__ = ["ErrorFeedback", "KeyState"]
 
 
@@ -62,9 +64,9 @@ class KeyState:
         """Forget the staged residuals (the collective failed)."""
         self._pending = {}
 
-    def held(self, n, dtype=np.float64):
-        """Sum of all residuals placed at their element ranges (length ``n``)."""
-        total = np.zeros(n, dtype=dtype)
+    def held(self, n, dtype=np.float64, xp=np):
+        """Sum of all residuals placed at their element ranges (length ``n``, module ``xp``)."""
+        total = xp.zeros(n, dtype=dtype)
         for start, stop, residual in self.residuals.values():
             total[start:stop] += residual
         return total
@@ -93,10 +95,12 @@ class ErrorFeedback:
         elif state.layout != layout:
             old_n, old_dtype = state.layout[:2]
             new_n, new_dtype = layout[:2]
+            _move_residuals(state, array_module(x))
             if state.residuals and (old_n, old_dtype) == (new_n, new_dtype):
-                x = x + state.held(new_n, x.dtype)
+                x = x + state.held(new_n, x.dtype, array_module(x))
             state.residuals.clear()
             state.layout = layout
+        _move_residuals(state, array_module(x))
         return state, x
 
     def state_dict(self):
@@ -111,7 +115,7 @@ class ErrorFeedback:
             out[key] = {
                 "layout": tuple(state.layout),
                 "step": state.step,
-                "residuals": {point: (start, stop, np.array(res, copy=True))
+                "residuals": {point: (start, stop, res.copy())
                               for point, (start, stop, res) in state.residuals.items()},
             }
         return out
@@ -130,7 +134,7 @@ class ErrorFeedback:
                 state = KeyState(tuple(entry["layout"]))
                 state.step = int(entry["step"])
                 for point, (start, stop, res) in entry["residuals"].items():
-                    res = np.array(res, copy=True)
+                    res = array_module(res).array(res, copy=True)
                     if res.ndim != 1 or res.size != int(stop) - int(start):
                         raise ValueError(f"residual {point!r} of key {key!r} has {res.size} "
                                          f"elements for range {start}:{stop}")
@@ -139,3 +143,11 @@ class ErrorFeedback:
         except (AttributeError, KeyError, TypeError) as exc:
             raise ValueError(f"not an error-feedback state dict: {exc}") from None
         self._keys = keys
+
+
+def _move_residuals(state, xp):
+    """Put the residuals of ``state`` in module ``xp`` (a host checkpoint loaded for a GPU run)."""
+    for point, (start, stop, res) in list(state.residuals.items()):
+        if array_module(res) is not xp:
+            state.residuals[point] = (start, stop,
+                                      to_numpy(res) if xp is np else xp.asarray(res))

@@ -11,6 +11,10 @@ encoding) need no extra round trip. Every wait polls with a deadline
 (``timeout`` argument or ``CCL_TIMEOUT`` seconds); when it passes, the rank
 reports which collective and key it was waiting on and aborts the job, so a
 dead or diverged peer never hangs the job forever.
+
+Device (cupy) payloads go through :class:`ccl._staging.Stager`: straight to
+a CUDA-aware MPI after a stream synchronisation, otherwise staged through
+pinned host buffers that are reused across calls.
 """
 
 import os
@@ -20,6 +24,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from ._staging import Stager, cuda_aware
 from .launch import check_launch
 
 __all__ = ["Channel", "channel", "default_timeout"]
@@ -69,6 +74,9 @@ class Channel:
         # what the current collective is, for timeout reports
         self.activity = "idle"
         self.timeout = None
+        # device payloads of the current collective go through a stager (None: host)
+        self._stager = None
+        self._stagers = {}  # backend name -> Stager, so pinned buffers outlive a call
 
     def free(self):
         """Free the private communicator (idempotent)."""
@@ -85,8 +93,36 @@ class Channel:
         return self._tag
 
     def end(self):
-        """Mark the current collective finished."""
+        """Mark the current collective finished (its staging buffers become free)."""
         self.activity = "idle"
+        if self._stager is not None:
+            self._stager.release_all()
+        self._stager = None
+
+    def use_backend(self, backend, aware=None):
+        """Route this collective's payloads for ``backend``'s arrays (host or device).
+
+        ``aware`` overrides the CUDA-aware detection (:func:`ccl._staging.cuda_aware`).
+        """
+        if not backend.device:
+            self._stager = None
+            return
+        aware = cuda_aware() if aware is None else aware
+        key = (backend.name, aware)
+        if key not in self._stagers:
+            self._stagers[key] = Stager(backend, aware)
+        self._stager = self._stagers[key]
+
+    def _wire(self, payload):
+        return payload if self._stager is None else self._stager.send_buffer(payload)
+
+    def _landing(self, nbytes):
+        if self._stager is None:
+            return np.empty(nbytes, dtype=np.uint8)
+        return self._stager.recv_buffer(nbytes)
+
+    def _landed(self, buf):
+        return buf if self._stager is None else self._stager.finish(buf)
 
     # ------------------------------------------------------------------ waits
     def _deadline(self):
@@ -117,7 +153,7 @@ class Channel:
     def isend(self, payload, dest, tag):
         """Start sending ``payload`` to ``dest``; return the request."""
         self.bytes_sent += payload.size
-        return self.comm.Isend([payload, _BYTE], dest, tag)
+        return self.comm.Isend([self._wire(payload), _BYTE], dest, tag)
 
     def recv(self, source, tag):
         """Receive a payload of any length from ``source``."""
@@ -134,9 +170,9 @@ class Channel:
                 self._expired(deadline, f"a message from rank {source}")
                 time.sleep(pause)
                 pause = min(pause * 2, 2e-3)
-        buf = np.empty(status.Get_count(_BYTE), dtype=np.uint8)
+        buf = self._landing(status.Get_count(_BYTE))
         message.Recv([buf, _BYTE])
-        return buf
+        return self._landed(buf)
 
     def sendrecv(self, payload, dest, source, tag):
         """Send to ``dest`` while receiving from ``source``; return what arrived."""
@@ -154,11 +190,13 @@ class Channel:
                   "payload sizes from every rank")
         displs = np.zeros(self.size, dtype=np.int64)
         np.cumsum(sizes[:-1], out=displs[1:])
-        recvbuf = np.empty(int(sizes.sum()), dtype=np.uint8)
+        recvbuf = self._landing(int(sizes.sum()))
         # a ring allgather forwards every block but the right neighbour's own
         self.bytes_sent += int(sizes.sum() - sizes[(self.rank + 1) % self.size])
-        self.wait(self.comm.Iallgatherv([payload, _BYTE], [recvbuf, (sizes, displs), _BYTE]),
+        self.wait(self.comm.Iallgatherv([self._wire(payload), _BYTE],
+                                        [recvbuf, (sizes, displs), _BYTE]),
                   "payloads from every rank")
+        recvbuf = self._landed(recvbuf)
         return [recvbuf[displs[i]:displs[i] + sizes[i]] for i in range(self.size)]
 
     def allgather_array(self, values):
@@ -181,7 +219,7 @@ class Channel:
         """Broadcast a payload of any length from ``root``; return it on every rank."""
         size = np.array([payload.size if self.rank == root else 0], dtype=np.int64)
         self.wait(self.comm.Ibcast([size, MPI.INT64_T], root), f"the size from rank {root}")
-        buf = payload if self.rank == root else np.empty(int(size[0]), dtype=np.uint8)
+        buf = self._wire(payload) if self.rank == root else self._landing(int(size[0]))
         # binomial broadcast: a rank sends one copy to each of its children
         relative = (self.rank - root) % self.size
         mask = 1
@@ -190,13 +228,23 @@ class Channel:
                 self.bytes_sent += int(size[0])
             mask <<= 1
         self.wait(self.comm.Ibcast([buf, _BYTE], root), f"the payload from rank {root}")
-        return buf
+        return payload if self.rank == root else self._landed(buf)
 
     def allreduce_sum(self, x):
         """The MPI library's own ``Allreduce(SUM)`` of a float32/float64 array."""
         # counted as a ring allreduce: 2 (p-1)/p of the array
         self.bytes_sent += 2 * (self.size - 1) * x.nbytes // self.size
-        out = np.empty_like(x)
+        stager = self._stager
+        if stager is None:
+            return self._allreduce(x, np)
+        be = stager.backend
+        if not stager.aware:  # uncompressed data: the whole array is staged
+            return be.to_device(self._allreduce(be.to_host(x), np))
+        be.synchronize()
+        return self._allreduce(x, be.xp)
+
+    def _allreduce(self, x, xp):
+        out = xp.empty_like(x)
         self.wait(self.comm.Iallreduce(x, out, op=MPI.SUM), "MPI_Allreduce")
         return out
 

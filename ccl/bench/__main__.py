@@ -10,6 +10,7 @@ COMMANDS = {
     "selection": "ccl.bench.selection",  # no MPI: top-k selection time vs np.argpartition
     "report": "ccl.bench.report",        # regenerate docs/benchmarks.md (all of the above)
     "cluster": "ccl.bench.cluster",      # root: run a command on an emulated rate-limited cluster
+    "gpu": "ccl.bench.gpu",              # GPU + cupy: device encode/decode GB/s vs a device copy
 }
 MPI_COMMANDS = ("allreduce", "accuracy")
 

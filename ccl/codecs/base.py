@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._xp import HOST, backend_of
 from ..errors import CompressionOverflowError, PayloadError
 from ._shared_kernels import masked_max
 
@@ -130,8 +131,8 @@ class Header:
 
         Parameters
         ----------
-        payload : numpy.ndarray
-            A 1-D ``uint8`` payload.
+        payload : numpy.ndarray or cupy.ndarray
+            A 1-D ``uint8`` payload, on the host or a device.
 
         Returns
         -------
@@ -145,13 +146,15 @@ class Header:
             unknown flag or dtype code, or a body length that disagrees with
             its size.
         """
-        if not isinstance(payload, np.ndarray) or payload.dtype != np.uint8 or payload.ndim != 1:
-            raise PayloadError("a payload must be a 1-D numpy uint8 array")
+        be = backend_of(payload)
+        if not be.owns(payload) or payload.dtype != np.uint8 or payload.ndim != 1:
+            raise PayloadError("a payload must be a 1-D numpy (or cupy) uint8 array")
         if payload.size < HEADER_SIZE:
             raise PayloadError(f"payload of {payload.size} bytes is shorter than the "
                                f"{HEADER_SIZE}-byte header")
+        head = be.to_host(payload[:HEADER_SIZE]) if be.device else payload[:HEADER_SIZE]
         (magic, version, wire_id, flags, dtype_code, _reserved, contributors,
-         config_hash, n, body_len) = _HEADER.unpack(payload[:HEADER_SIZE].tobytes())
+         config_hash, n, body_len) = _HEADER.unpack(head.tobytes())
         if magic != MAGIC:
             raise PayloadError("not a ccl payload (bad magic)")
         if version != FORMAT_VERSION:
@@ -274,9 +277,12 @@ _EXPONENT_MASKS = {np.dtype(np.float32): (np.uint32, np.uint32(0x7F800000)),
 
 
 def all_finite(x):
-    """Return True when the 1-D float array ``x`` holds no NaN or Inf."""
+    """Return True when the 1-D float array ``x`` (host or device) holds no NaN or Inf."""
     if x.size == 0:
         return True
+    be = backend_of(x)
+    if be.device:
+        return bool(be.xp.isfinite(x).all())
     masks = _EXPONENT_MASKS.get(x.dtype)
     if masks is None:
         return bool(np.isfinite(x).all())
@@ -421,16 +427,17 @@ class Codec:
 
         Parameters
         ----------
-        x : numpy.ndarray
+        x : numpy.ndarray or cupy.ndarray
             Input of any shape (flattened in C order); dtype must be one of
-            ``input_dtypes``.
+            ``input_dtypes``. A cupy array is encoded on its device.
         ctx : CodecContext, optional
             Seeds and agreed parameters; collectives pass one per chunk.
 
         Returns
         -------
-        numpy.ndarray
-            1-D ``uint8`` payload: a 32-byte header and the codec's body.
+        numpy.ndarray or cupy.ndarray
+            1-D ``uint8`` payload: a 32-byte header and the codec's body, in
+            ``x``'s array module; the bytes do not depend on the device.
 
         Raises
         ------
@@ -445,8 +452,13 @@ class Codec:
         >>> payload.dtype, payload.size          # header, scale, 32 bits
         (dtype('uint8'), 40)
         """
+        be = backend_of(x)
         x = self.check_input(x)
         ctx = CodecContext() if ctx is None else ctx
+        if be.device:
+            from . import _device  # numba.cuda is imported only for device input
+
+            return _device.encode(self, x, ctx, be)
         if not all_finite(x) or (ctx.shared is not None and not np.isfinite(ctx.shared).all()):
             return self.flagged_payload(x.size, FLAG_NONFINITE)
         body, flags = self._encode(x, ctx)
@@ -515,6 +527,7 @@ class Codec:
         header : Header
             The validated header, with its flags.
         """
+        be = backend_of(payload)
         header = self.read_header(payload)
         ctx = CodecContext() if ctx is None else ctx
         if ctx.n is not None and header.n != ctx.n:
@@ -525,8 +538,13 @@ class Codec:
             if ctx.n is None and header.n > MAX_UNCHECKED_ELEMENTS:
                 raise PayloadError(f"flagged payload claims {header.n} elements; pass "
                                    "CodecContext(n=...) to decode payloads this large")
-            return np.full(header.n, np.nan, dtype=header.dtype), header
-        values = self._decode(header, payload[HEADER_SIZE:], ctx)
+            return be.xp.full(header.n, np.nan, dtype=header.dtype), header
+        if be.device:
+            from . import _device
+
+            values = _device.decode(self, header, payload[HEADER_SIZE:], ctx, be)
+        else:
+            values = self._decode(header, payload[HEADER_SIZE:], ctx)
         if values.shape != (header.n,):
             raise PayloadError(f"codec {self.codec_id!r} decoded {values.size} elements, "
                                f"header says {header.n}")
@@ -570,6 +588,9 @@ class Codec:
         if not self.homomorphic:
             raise TypeError(f"codec {self.codec_id!r} is not homomorphic: decode, add and "
                             "re-encode instead")
+        be = backend_of(a)
+        if backend_of(b) is not be:
+            raise PayloadError("cannot add a host payload and a device payload")
         ha, hb = self.read_header(a), self.read_header(b)
         if ha.n != hb.n:
             raise PayloadError(f"cannot add payloads of {ha.n} and {hb.n} elements")
@@ -579,8 +600,13 @@ class Codec:
         flags = ha.flags | hb.flags
         if flags:
             flag = FLAG_NONFINITE if flags & FLAG_NONFINITE else FLAG_OVERFLOW
-            return self.flagged_payload(ha.n, flag, contributors, dtype=ha.dtype)
+            flagged = self.flagged_payload(ha.n, flag, contributors, dtype=ha.dtype)
+            return be.to_device(flagged) if be.device else flagged
         ctx = CodecContext() if ctx is None else ctx
+        if be.device:
+            from . import _device
+
+            return _device.add(self, ha, a[HEADER_SIZE:], hb, b[HEADER_SIZE:], ctx, be)
         return self._add(ha, a[HEADER_SIZE:], hb, b[HEADER_SIZE:], ctx)
 
     def shared_stats(self, x):
@@ -606,6 +632,8 @@ class Codec:
     def check_input(self, x):
         """Return ``x`` as a 1-D contiguous array of an accepted dtype.
 
+        Device (cupy) arrays stay on their device.
+
         Parameters
         ----------
         x : array_like
@@ -623,11 +651,12 @@ class Codec:
         """
         if not hasattr(x, "dtype") or not hasattr(x, "shape"):
             raise TypeError(f"codec {self.codec_id!r} encodes arrays, got {type(x).__name__}")
-        x = np.asarray(x)
+        xp = backend_of(x).xp
+        x = xp.asarray(x)
         if x.dtype not in self.input_dtypes:
             accepted = ", ".join(str(d) for d in self.input_dtypes)
             raise TypeError(f"codec {self.codec_id!r} accepts {accepted}; got {x.dtype}")
-        return np.ascontiguousarray(x).reshape(-1)
+        return xp.ascontiguousarray(x).reshape(-1)
 
     def decoded_dtype(self, input_dtype):
         """The dtype :meth:`decode` returns for input of ``input_dtype``.
@@ -675,6 +704,8 @@ class Codec:
     def pack(self, body, n, flags=0, contributors=1, dtype=np.float32):
         """Prepend a header to ``body`` and return the payload.
 
+        A device body gives a device payload.
+
         Parameters
         ----------
         body : bytes or numpy.ndarray
@@ -693,6 +724,12 @@ class Codec:
         numpy.ndarray
             1-D ``uint8`` payload.
         """
+        be = HOST if isinstance(body, (bytes, bytearray)) else backend_of(body)
+        if be.device:
+            from . import _device
+
+            return _device.pack(self, body, n, be, flags=flags, contributors=contributors,
+                                dtype=dtype)
         body = np.frombuffer(body, dtype=np.uint8) if isinstance(body, (bytes, bytearray)) \
             else np.asarray(body, dtype=np.uint8).reshape(-1)
         header = Header(self.wire_id, flags, np.dtype(dtype), contributors, self.config_hash,

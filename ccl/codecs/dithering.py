@@ -285,7 +285,8 @@ class DitheringCodec(Codec):
                 _dither_natural(x, 1.0 / scale, s, c_low, seed, codes)
         return body, 0
 
-    def _decode(self, header, body, ctx):
+    def _parse(self, header, body):
+        """Validate a body (host or device array); return the scale."""
         n = header.n
         width = self.code_dtype.itemsize
         if body.size != _SCALE.size + n * width:
@@ -294,6 +295,11 @@ class DitheringCodec(Codec):
         (scale,) = _SCALE.unpack(body[:_SCALE.size].tobytes())
         if not np.isfinite(scale) or scale < 0:
             raise PayloadError(f"dithering: invalid scale {scale!r}")
+        return scale
+
+    def _decode(self, header, body, ctx):
+        n = header.n
+        scale = self._parse(header, body)
         s = self.levels
         out = np.empty(n, dtype=np.float32)
         if not n:
@@ -302,9 +308,12 @@ class DitheringCodec(Codec):
         if self.partition == "linear":
             worst = _dequantize_linear(codes, scale / s, out)
         else:
-            magnitudes = (scale * self.level_values()).astype(np.float32)
-            table = np.concatenate([-magnitudes[:0:-1], magnitudes])  # codes -s..s
-            worst = _lookup(codes, table, s, out)
+            worst = _lookup(codes, self._table(scale), s, out)
         if worst > s:
             raise PayloadError(f"dithering: codes outside -{s}..{s}")
         return out
+
+    def _table(self, scale):
+        """float32 values of the codes ``-s..s`` of the natural partition."""
+        magnitudes = (scale * self.level_values()).astype(np.float32)
+        return np.concatenate([-magnitudes[:0:-1], magnitudes])

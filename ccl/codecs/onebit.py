@@ -134,7 +134,8 @@ class OneBitCodec(Codec):
         body[:_SCALE.size] = np.frombuffer(_SCALE.pack(scale), dtype=np.uint8)
         return body, 0
 
-    def _decode(self, header, body, ctx):
+    def _parse(self, header, body):
+        """Validate a body (host or device array); return ``(scale, bits)``."""
         n = header.n
         nbytes = (n + 7) // 8
         if body.size != _SCALE.size + nbytes:
@@ -147,7 +148,11 @@ class OneBitCodec(Codec):
         spare = 8 * nbytes - n
         if spare and int(bits[-1]) & ((1 << spare) - 1):
             raise PayloadError("onebit: padding bits of the last byte are not zero")
-        out = np.empty(n, dtype=np.float32)
-        if n:
-            _unpack_signs(bits, np.float32(scale), out)
+        return np.float32(scale), bits
+
+    def _decode(self, header, body, ctx):
+        scale, bits = self._parse(header, body)
+        out = np.empty(header.n, dtype=np.float32)
+        if header.n:
+            _unpack_signs(bits, scale, out)
         return out

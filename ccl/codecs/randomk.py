@@ -250,8 +250,7 @@ class RandomKCodec(Codec):
         seed = ctx.seed(self.seed)
         idx = randomk_indices(seed, d, k)
         body = np.empty(_BODY.size + 4 * k, dtype=np.uint8)
-        body[:_BODY.size] = np.frombuffer(_BODY.pack(k, _seed_hash(seed, d), int(bool(self.scale))),
-                                          dtype=np.uint8)
+        body[:_BODY.size] = self._body_head(k, seed, d)
         values = body[_BODY.size:].view(np.float32)
         if not k:
             return body, 0
@@ -285,7 +284,8 @@ class RandomKCodec(Codec):
             raise PayloadError("randomk: payload holds non-finite values")
         return k, seed_hash, values
 
-    def _decode(self, header, body, ctx):
+    def _parse_for(self, header, body, ctx):
+        """:meth:`_parse` plus the checks against the decoding context; ``(k, values, seed)``."""
         # With an explicit k the body size does not bound n: without the receiver's
         # expected count (ctx.n, checked by the base class) cap what may be allocated.
         if ctx.n is None and header.n > MAX_UNCHECKED_ELEMENTS:
@@ -296,6 +296,14 @@ class RandomKCodec(Codec):
         if seed_hash != _seed_hash(seed, header.n):
             raise PayloadError("randomk: payload was drawn with another seed, step, key or chunk "
                                "than the context it is decoded with")
+        return k, values, seed
+
+    def _body_head(self, k, seed, d):
+        return np.frombuffer(_BODY.pack(k, _seed_hash(seed, d), int(bool(self.scale))),
+                             dtype=np.uint8)
+
+    def _decode(self, header, body, ctx):
+        k, values, seed = self._parse_for(header, body, ctx)
         out = np.zeros(header.n, dtype=np.float32)
         if k:
             _scatter(values, randomk_indices(seed, header.n, k), out)

@@ -31,6 +31,7 @@ import struct
 
 import numpy as np
 
+from .._xp import backend_of
 from ..errors import PayloadError
 from . import _sparse_kernels as K
 from .base import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS, Codec, register_codec
@@ -131,6 +132,21 @@ def gamma_threshold(mean, mean_log, delta):
 
 
 # ------------------------------------------------------------------- helpers
+def _device_ops(x):
+    """The device twins of the selection kernels when ``x`` is a device array, else None."""
+    if not backend_of(x).device:
+        return None
+    from . import _device  # numba.cuda is imported only for device input
+
+    return _device.SPARSE
+
+
+def _count_above(x, t):
+    """How many ``|x| > t`` (``t`` of x's dtype)."""
+    ops = _device_ops(x)
+    return ops.count_above(x, t) if ops else int(K.count_above(x, t))
+
+
 def _threshold_for(x, thr):
     """Cast a float64 threshold to x's dtype so that ``|x| > result`` iff ``|x| > thr``."""
     t = x.dtype.type(thr)
@@ -142,6 +158,9 @@ def _threshold_for(x, thr):
 def _select_above(x, thr):
     """Ascending indices with ``|x| > thr`` and their count, in two streaming passes."""
     t = _threshold_for(x, thr)
+    ops = _device_ops(x)
+    if ops:
+        return ops.select_above(x, t)
     count = int(K.count_above(x, t))
     out = np.empty(count, dtype=np.int64)
     K.select_above(x, t, out)
@@ -151,6 +170,9 @@ def _select_above(x, thr):
 def _top_k(x, k):
     """Exact top-k of ``|x|``: ascending indices, ties to the lower index, exact zeros left out."""
     n = x.size
+    ops = _device_ops(x)
+    if ops:
+        return ops.top_k(x, k)
     if k <= 0 or n == 0:
         return np.empty(0, dtype=np.int64)
     if k >= n:
@@ -170,6 +192,25 @@ def _top_k_of(x, idx, k):
     if idx.size <= k:
         return idx
     return idx[_top_k(x[idx], k)]
+
+
+def _layout(n, k, max_gap):
+    """``(encoding, width, index bytes)`` of k indices of n elements whose largest gap is given.
+
+    Bit-packed gaps unless absolute u32 indices are no larger; dense when the
+    indices and values would not be smaller than the dense array.
+    """
+    width = int(max(max_gap, 0)).bit_length() if k else 0
+    gap_words = (k * width + 31) // 32
+    sparse_index_bytes = 4 * gap_words
+    encoding = ENC_GAPS
+    if width > 32:  # only possible beyond 2**32 elements
+        encoding = ENC_DENSE
+    elif gap_words >= k and n <= 1 << 32:
+        encoding, width, sparse_index_bytes = ENC_ABSOLUTE, 32, 4 * k
+    if encoding == ENC_DENSE or sparse_index_bytes + 4 * k >= 4 * n:
+        return ENC_DENSE, 0, 0
+    return encoding, width, sparse_index_bytes
 
 
 def _reject(codec, msg):
@@ -200,15 +241,8 @@ class _SparseCodec(Codec):
             values = x[idx].astype(np.float32) if k < n else x.astype(np.float32)
         if x.dtype != np.float32 and not np.isfinite(values).all():
             return np.empty(0, np.uint8), FLAG_OVERFLOW
-        width = int(max(K.max_gap(idx), 0)).bit_length() if k else 0
-        gap_words = (k * width + 31) // 32
-        sparse_index_bytes = 4 * gap_words
-        encoding = ENC_GAPS
-        if width > 32:  # only possible beyond 2**32 elements
-            encoding = ENC_DENSE
-        elif gap_words >= k and n <= 1 << 32:
-            encoding, width, sparse_index_bytes = ENC_ABSOLUTE, 32, 4 * k
-        if encoding == ENC_DENSE or sparse_index_bytes + 4 * k >= 4 * n:
+        encoding, width, sparse_index_bytes = _layout(n, k, int(K.max_gap(idx)) if k else 0)
+        if encoding == ENC_DENSE:
             body = np.empty(BODY_HEAD_SIZE + 4 * n, dtype=np.uint8)
             body[:BODY_HEAD_SIZE] = np.frombuffer(
                 _BODY_HEAD.pack(ENC_DENSE, VALUES_F32, 0, n, 0), dtype=np.uint8)
@@ -230,7 +264,8 @@ class _SparseCodec(Codec):
         body[BODY_HEAD_SIZE + sparse_index_bytes:].view(np.float32)[:] = values
         return body, 0
 
-    def _decode(self, header, body, ctx):
+    def _parse(self, header, body, ctx):
+        """Validate a body (host or device array); return ``(encoding, k, width, index bytes)``."""
         n = header.n
         if body.size < BODY_HEAD_SIZE:
             _reject(self, f"body of {body.size} bytes is shorter than its "
@@ -246,7 +281,7 @@ class _SparseCodec(Codec):
             if k != n or width != 0 or rest != 4 * n:
                 _reject(self, f"dense body of {rest} bytes, count {k}, width {width} "
                               f"for {n} elements")
-            return _f32(body[BODY_HEAD_SIZE:]).copy()
+            return encoding, k, width, 0
         if encoding not in (ENC_ABSOLUTE, ENC_GAPS):
             _reject(self, f"unknown index encoding {encoding}")
         if k > n:
@@ -268,6 +303,21 @@ class _SparseCodec(Codec):
         if ctx.n is None and n > MAX_UNCHECKED_ELEMENTS:
             _reject(self, f"payload claims {n} elements; pass CodecContext(n=...) to decode "
                           "payloads this large")
+        return encoding, k, width, index_bytes
+
+    def _reject_scatter(self, err, n):
+        if err == 1:
+            _reject(self, f"an index is out of range for {n} elements")
+        if err == 2:
+            _reject(self, "nonzero padding after the last index gap")
+        if err == 3:
+            _reject(self, "indices are not strictly ascending")
+
+    def _decode(self, header, body, ctx):
+        n = header.n
+        encoding, k, width, index_bytes = self._parse(header, body, ctx)
+        if encoding == ENC_DENSE:
+            return _f32(body[BODY_HEAD_SIZE:]).copy()
         words = _u32(body[BODY_HEAD_SIZE:BODY_HEAD_SIZE + index_bytes])
         values = _f32(body[BODY_HEAD_SIZE + index_bytes:])
         out = np.zeros(n, dtype=np.float32)
@@ -275,12 +325,7 @@ class _SparseCodec(Codec):
             err = K.scatter_absolute(words, values, out)
         else:
             err = K.scatter_gaps(words, k, width, values, out)
-        if err == 1:
-            _reject(self, f"an index is out of range for {n} elements")
-        if err == 2:
-            _reject(self, "nonzero padding after the last index gap")
-        if err == 3:
-            _reject(self, "indices are not strictly ascending")
+        self._reject_scatter(err, n)
         return out
 
 
@@ -346,6 +391,42 @@ class TopKCodec(_SparseCodec):
 
 
 # ------------------------------------------------------------------- SIDCo
+class _HostFit:
+    """The statistics a SIDCo fit reads, by the numba kernels (see ``_device`` for the GPU)."""
+
+    @staticmethod
+    def moments(x):
+        return K.abs_moments(x)
+
+    @staticmethod
+    def log_moments(x):
+        if x.dtype == np.float32:
+            return K.abs_log_moments_f32(x, x.view(np.uint32))
+        s1, s2 = K.abs_moments(x)
+        slog, nnz = K.nonzero_log_sum(x)
+        return s1, s2, slog, nnz
+
+    @staticmethod
+    def tail(x, t):
+        """The magnitudes ``|x| > t`` in order, or None when fewer than two."""
+        count = int(K.count_above(x, t))
+        if count < 2:
+            return None
+        buf = np.empty(count + 1, dtype=x.dtype)
+        return buf[:K.compact_above(x, t, buf)]
+
+    @staticmethod
+    def min(a):
+        return float(a.min())
+
+    @staticmethod
+    def peak(x):
+        return float(np.max(np.abs(x)))
+
+
+_HOST_FIT = _HostFit()
+
+
 _DELTA1 = 0.25          # first-stage ratio of multi-stage fits
 _ADAPT_EVERY = 5        # Q: steps between stage adjustments
 _ADAPT_TOLERANCE = 0.2  # epsilon_H = epsilon_L
@@ -444,6 +525,7 @@ class SIDCoCodec(_SparseCodec):
         return self._fit(x, k, self.stages if stages is None else stages)
 
     def _fit(self, x, k, stages):
+        ops = _device_ops(x) or _HOST_FIT
         n = x.size
         delta = k / n
         if stages > 1 and delta < _DELTA1:
@@ -451,19 +533,15 @@ class SIDCoCodec(_SparseCodec):
         else:
             first, later, stages = delta, 1.0, 1
         if self.dist == "gamma":
-            if x.dtype == np.float32:
-                s1, s2, slog, nnz = K.abs_log_moments_f32(x, x.view(np.uint32))
-            else:
-                s1, s2 = K.abs_moments(x)
-                slog, nnz = K.nonzero_log_sum(x)
+            s1, s2, slog, nnz = ops.log_moments(x)
         else:
-            s1, s2 = K.abs_moments(x)
+            s1, s2 = ops.moments(x)
             nnz = n
         norm = math.sqrt(s2)
         if s1 == 0.0:
             return None
         if not 0.0 < norm < math.inf:  # float64 input beyond float64's square range
-            return self._fit_rescaled(x, k, stages)
+            return self._fit_rescaled(x, k, stages, ops)
         # moments of the normalized magnitudes a = |x|/||x|| (sum a**2 = 1)
         if self.dist == "gamma":
             # ln 0 is undefined: fit the nonzero magnitudes, aiming at the same count
@@ -484,14 +562,12 @@ class SIDCoCodec(_SparseCodec):
         thr = eta * norm
         tail = x
         for _ in range(stages - 1):
-            t = _threshold_for(tail, thr)
-            count = int(K.count_above(tail, t))
-            if count < 2:
+            above = ops.tail(tail, _threshold_for(tail, thr))
+            if above is None:
                 break
-            buf = np.empty(count + 1, dtype=x.dtype)
-            tail = buf[:K.compact_above(tail, t, buf)]
-            t1, t2 = K.abs_moments(tail)
-            lo = float(tail.min())
+            tail = above
+            t1, t2 = ops.moments(tail)
+            lo = ops.min(tail)
             mean = t1 / tail.size
             if self.dist == "exp":
                 thr = lo + (mean - lo) * math.log(1.0 / later)
@@ -503,8 +579,8 @@ class SIDCoCodec(_SparseCodec):
                 thr = lo + shifted
         return thr
 
-    def _fit_rescaled(self, x, k, stages):
-        peak = float(np.max(np.abs(x)))
+    def _fit_rescaled(self, x, k, stages, ops):
+        peak = ops.peak(x)
         thr = self._fit(x / peak, k, stages)
         return None if thr is None else thr * peak
 
@@ -663,7 +739,7 @@ class DGCCodec(_SparseCodec):
         top = min(samples.size, max(1, math.ceil(samples.size * self.density)))
         thr = float(np.partition(samples, samples.size - top)[samples.size - top])
         for refinement in range(_DGC_ITERS + 1):
-            count = int(K.count_above(x, _threshold_for(x, thr)))
+            count = _count_above(x, _threshold_for(x, thr))
             if count >= _DGC_LOWER * k or thr == 0.0 or refinement == _DGC_ITERS:
                 break
             thr *= _DGC_LOWER

@@ -26,6 +26,7 @@ import zlib
 
 import numpy as np
 
+from .._xp import backend_of
 from ..errors import PayloadError
 from . import _thc_kernels as _k
 from ._thc_tables import GRID_POINTS, MAX_G, clamp_t, kernel_tables, receiver_table
@@ -176,12 +177,10 @@ class THCCodec(Codec):
         zero = max_norm == 0 or padded == 0
         # the kernel writes every data byte (block * bits is a multiple of 8)
         body = np.empty(BODY_HEADER_SIZE + (0 if zero else padded * self.bits // 8), np.uint8)
-        body[:BODY_HEADER_SIZE] = np.frombuffer(_BODY.pack(
-            KIND_PACKED, 0, self.bits, int(zero), max_norm, self.block, self._seed_hash(ctx),
-            padded), dtype=np.uint8)
+        body[:BODY_HEADER_SIZE] = self._body_head(KIND_PACKED, 0, zero, max_norm, ctx, padded)
         if not zero:
             xk, thr = kernel_tables(self.levels, self.g)
-            factor = math.sqrt(x.size / self.block) / (float(max_norm) * self._fine_step())
+            factor = self._encode_factor(x.size, max_norm)
             if x.dtype != np.float32:
                 # one kernel signature (float32) keeps compile time down; scaling first
                 # keeps float64 values beyond float32's range finite
@@ -190,6 +189,14 @@ class THCCodec(Codec):
                              np.uint64(ctx.seed(self.seed, per_rank=True)), xk, thr,
                              self.bits, body[BODY_HEADER_SIZE:])
         return body, 0
+
+    def _encode_factor(self, n, max_norm):
+        # maps rotated values to fine-grid units: sqrt(n/block) / (max_norm * δ)
+        return math.sqrt(n / self.block) / (float(max_norm) * self._fine_step())
+
+    def _body_head(self, kind, width, zero, max_norm, ctx, padded):
+        return np.frombuffer(_BODY.pack(kind, width, self.bits, int(zero), max_norm, self.block,
+                                        self._seed_hash(ctx), padded), dtype=np.uint8)
 
     # ----------------------------------------------------------- parsing
     def _parse(self, header, body, ctx):
@@ -246,16 +253,22 @@ class THCCodec(Codec):
         if zero:
             return np.zeros(n, dtype=np.float32)
         out = np.empty(n, dtype=np.float32)
+        values, offset, scale = self._dequantizer(header, max_norm)
+        _k.decode_blocks(data, width, self.bits, values, self._levels_u32(), offset, scale, n,
+                         self.block, np.uint64(ctx.seed(self.seed)), out)
+        return out
+
+    def _dequantizer(self, header, max_norm):
+        """``(values, offset, scale)``: index i decodes to ``values[i]``, a lane sum S to
+        ``(S - offset) * scale`` (before the inverse rotation)."""
         g = self.g
         inc = 2.0 * clamp_t(self.p) / g
         # lane sum S of c contributors stands for c values in (S - c*g/2)*inc*max_norm/sqrt(n),
         # then the unnormalised Hadamard needs a further 1/sqrt(block)
-        scale = inc * float(max_norm) / math.sqrt(n) / math.sqrt(self.block)
+        scale = inc * float(max_norm) / math.sqrt(header.n) / math.sqrt(self.block)
         offset = header.contributors * g / 2.0
         values = ((np.asarray(self.levels, dtype=np.float64) - offset) * scale).astype(np.float32)
-        _k.decode_blocks(data, width, self.bits, values, self._levels_u32(), offset, scale, n,
-                         self.block, np.uint64(ctx.seed(self.seed)), out)
-        return out
+        return values, offset, scale
 
     # --------------------------------------------------------------- addition
     def _add(self, ha, a_body, hb, b_body, ctx):
@@ -266,16 +279,20 @@ class THCCodec(Codec):
                                f"({max_norm} and {b_norm}): agree on ctx.shared first")
         contributors = ha.contributors + hb.contributors
         width = lane_bytes(contributors, self.g)
+        be = backend_of(a_body)  # device payloads add on the device
         if width == 0:
-            return self.flagged_payload(ha.n, FLAG_OVERFLOW, contributors, dtype=ha.dtype)
+            flagged = self.flagged_payload(ha.n, FLAG_OVERFLOW, contributors, dtype=ha.dtype)
+            return be.to_device(flagged) if be.device else flagged
         padded = self._padded(ha.n)
-        body = np.empty(BODY_HEADER_SIZE + (0 if zero else padded * width), dtype=np.uint8)
-        body[:BODY_HEADER_SIZE] = np.frombuffer(_BODY.pack(
-            KIND_LANES, width, self.bits, int(zero), max_norm, self.block,
-            self._seed_hash(ctx), padded), dtype=np.uint8)
+        body = be.xp.empty(BODY_HEADER_SIZE + (0 if zero else padded * width), dtype=np.uint8)
+        be.upload(body[:BODY_HEADER_SIZE],
+                  self._body_head(KIND_LANES, width, zero, max_norm, ctx, padded))
         if not zero:
-            _k.add_lanes(a_data, a_width, b_data, b_width, self.bits, self._levels_u32(),
-                         padded, body[BODY_HEADER_SIZE:], width)
+            add_lanes = _k.add_lanes
+            if be.device:
+                from ._device import thc_add_lanes as add_lanes
+            add_lanes(a_data, a_width, b_data, b_width, self.bits, self._levels_u32(),
+                      padded, body[BODY_HEADER_SIZE:], width)
         return self.pack(body, ha.n, contributors=contributors, dtype=ha.dtype)
 
     def _levels_u32(self):
@@ -286,6 +303,11 @@ def _norm(x):
     """||x||_2 in float64, without overflow for float64 input near its range limit."""
     if x.size == 0:
         return 0.0
+    be = backend_of(x)
+    if be.device:
+        from ._device import thc_norm
+
+        return thc_norm(x, be)
     total = _k.sum_squares(x)
     if math.isfinite(total):
         return math.sqrt(total)

@@ -186,7 +186,8 @@ class ThreeLCCodec(Codec):
             _BODY_HEADER.pack(LAYOUT_FIVE_PARTITIONS, M, L, zlen), dtype=np.uint8)
         return body[:BODY_HEADER_SIZE + zlen], 0
 
-    def _decode(self, header, body, ctx):
+    def _parse(self, header, body):
+        """Validate a body (host or device array); return ``(M, L, zlen)``."""
         n = header.n
         if body.size < BODY_HEADER_SIZE:
             raise PayloadError(f"3lc: body of {body.size} bytes is shorter than its "
@@ -206,8 +207,12 @@ class ThreeLCCodec(Codec):
         # allocating, so a flipped element count cannot ask for a huge buffer.
         if not zlen <= L <= K.MAX_RUN * zlen:
             raise PayloadError(f"3lc: {zlen} zero-run bytes cannot expand to {L} bytes")
+        return M, L, zlen
+
+    def _decode(self, header, body, ctx):
+        M, L, _ = self._parse(header, body)
         digits = np.empty(L, dtype=np.uint8)
         _check(K.zre_decode(body[BODY_HEADER_SIZE:], digits), "zero-run stream")
-        y = np.empty(n, dtype=np.float32)
+        y = np.empty(header.n, dtype=np.float32)
         _check(K.unfold(digits, np.float32(M), y), "quartic stream")
         return y

@@ -9,8 +9,7 @@ the compressed allgather of :func:`ccl.allgather`.
 
 from dataclasses import replace
 
-import numpy as np
-
+from .._xp import array_module
 from .base import WORKER
 
 __all__ = ["allreduce", "gather_blocks"]
@@ -19,7 +18,7 @@ __all__ = ["allreduce", "gather_blocks"]
 def allreduce(call, x):
     """Sum of ``x`` over all ranks."""
     payloads = call.channel.allgather(call.encode(x, 0, WORKER))
-    total = np.zeros_like(x)
+    total = array_module(x).zeros_like(x)
     for payload in payloads:  # rank order, in place: no array per rank
         total += call.decode_result(payload, 0)
     return total
@@ -35,4 +34,4 @@ def gather_blocks(call, block):
         values, header = call.codec.decode_with_header(payload, ctx)
         call.note_flags(header.flags, 0)
         parts.append(values.astype(block.dtype, copy=False))
-    return np.concatenate(parts) if parts else block[:0].copy()
+    return array_module(block).concatenate(parts) if parts else block[:0].copy()

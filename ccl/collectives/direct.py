@@ -7,8 +7,7 @@ codec adds the payloads instead. The owners' payloads are then allgathered
 unchanged. Two lossy points per element, whatever the rank count.
 """
 
-import numpy as np
-
+from .._xp import array_module
 from .base import OWNER, WORKER
 
 __all__ = ["allreduce", "reduce_scatter"]
@@ -38,7 +37,7 @@ def _owner_sum(call, x, encode_owner):
             payload = call.encode(own, r, WORKER) if i == r else received[i]
             total = payload if total is None else call.add(total, payload, r)
         return total, None
-    exact = np.zeros_like(own)
+    exact = array_module(own).zeros_like(own)
     for i in range(p):  # rank order, so the sum is reproducible; in place
         exact += own if i == r else call.decode(received[i], r)
     return (call.encode(exact, r, OWNER) if encode_owner else None), exact
@@ -48,7 +47,7 @@ def allreduce(call, x):
     """Sum of ``x`` over all ranks."""
     owned, _ = _owner_sum(call, x, encode_owner=True)
     payloads = call.channel.allgather(owned)
-    out = np.empty_like(x)
+    out = array_module(x).empty_like(x)
     for j, payload in enumerate(payloads):
         call.chunk(out, j)[:] = call.decode_result(payload, j)
     return out
@@ -59,6 +58,6 @@ def reduce_scatter(call, x):
     owned, exact = _owner_sum(call, x, encode_owner=False)
     if exact is None:
         return call.decode_result(owned, call.rank)
-    if not np.isfinite(exact).all():
+    if not array_module(exact).isfinite(exact).all():
         call.mark_nonfinite(call.rank)
     return exact

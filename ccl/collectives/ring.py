@@ -10,8 +10,7 @@ once more (owner point). The allgather forwards each owner's payload
 unchanged, so every rank decodes the same bytes: results agree bitwise.
 """
 
-import numpy as np
-
+from .._xp import array_module
 from .base import OWNER, RELAY, WORKER
 
 __all__ = ["allreduce", "reduce_scatter"]
@@ -60,14 +59,14 @@ def reduce_scatter(call, x):
     """This rank's chunk of the sum over all ranks (no owner re-encode)."""
     owned, exact = _reduce_scatter(call, x, encode_owner=False)
     if exact is not None:
-        if not np.isfinite(exact).all():
+        if not array_module(exact).isfinite(exact).all():
             call.mark_nonfinite(call.rank)
         return exact
     return call.decode_result(owned, call.rank)
 
 
 def _concatenate(call, x, payloads):
-    out = np.empty_like(x)
+    out = array_module(x).empty_like(x)
     for j, payload in enumerate(payloads):
         call.chunk(out, j)[:] = call.decode_result(payload, j)
     return out

@@ -15,11 +15,32 @@ from mpi4py import MPI
 from .runtime import agree, current
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
-           "allgather_object"]
+           "allgather_object", "to_array", "from_array"]
 
 # Tensors start at multiples of this many bytes in the broadcast buffer, so a
 # byte slice can be viewed as any dtype without a copy.
 _ALIGN = 16
+
+
+def to_array(tensor):
+    """A zero-copy array view of a tensor: numpy for CPU tensors, cupy (DLPack) for CUDA ones.
+
+    CUDA tensors need cupy (``pip install '.[gpu]'``); the ccl collectives then keep
+    the work on the tensor's device.
+    """
+    tensor = tensor.detach()
+    if tensor.is_cuda:
+        import cupy
+
+        return cupy.from_dlpack(tensor)
+    return tensor.numpy()
+
+
+def from_array(array, like):
+    """A tensor sharing ``array``'s memory (DLPack for device arrays), on ``like``'s device."""
+    if isinstance(array, np.ndarray):
+        return torch.from_numpy(array).to(like.device)
+    return torch.from_dlpack(array)
 
 
 def _check_root(root_rank, size):

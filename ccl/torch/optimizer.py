@@ -37,6 +37,7 @@ import torch
 from ..api import Communicator
 from ..codecs import get_codec
 from ..collectives.auto import MIN_COMPRESS_BYTES
+from .functions import from_array, to_array
 from .runtime import agree, current, threads_supported
 
 __all__ = ["DistributedOptimizer", "DEFAULT_FUSION_THRESHOLD_BYTES", "plan_buckets"]
@@ -360,8 +361,9 @@ class _Reducer:
             for i in members:
                 self.bucket_of[i], self.offset_of[i] = b, offset
                 offset += self.params[i].numel()
-            bucket = _Bucket(members, torch.zeros(
-                offset, dtype=_work_dtype(self.params[members[0]].dtype)))
+            first = self.params[members[0]]
+            bucket = _Bucket(members, torch.zeros(offset, dtype=_work_dtype(first.dtype),
+                                                  device=first.device))
             if plan.compressed[b]:
                 bucket.codec, bucket.algorithm, bucket.key = plan.codec, plan.algorithm, \
                     f"bucket{b}"
@@ -427,7 +429,7 @@ class _Reducer:
             self.next_launch += 1
 
     def _launch(self, bucket):
-        bucket.job = _Job(bucket.flat.numpy(), bucket.key, bucket.codec, bucket.algorithm)
+        bucket.job = _Job(to_array(bucket.flat), bucket.key, bucket.codec, bucket.algorithm)
         self.engine.submit(bucket.job)
 
     # ----------------------------------------------------------- synchronize
@@ -453,7 +455,7 @@ class _Reducer:
     def _write_back(self, jobs):
         with torch.no_grad():
             for bucket, job in zip(self.buckets, jobs):
-                result = torch.from_numpy(job.result)
+                result = from_array(job.result, like=bucket.flat)
                 for i in bucket.members:
                     p, start = self.params[i], self.offset_of[i]
                     values = result[start:start + p.numel()].view(p.shape)

@@ -1,0 +1,223 @@
+"""Handing device payloads to MPI: CUDA-aware detection and pinned host staging.
+
+A CUDA-aware MPI reads and writes device memory itself: ccl gives it the
+device payload once the stream that produced it has finished
+(:meth:`Backend.synchronize`), because mpi4py cannot see cupy's streams.
+Any other MPI gets host memory: only the *compressed* payload is copied into
+a page-locked (pinned) host buffer, sent, received into another, and copied
+back to the device.
+
+Pinned buffers are expensive to allocate, so :class:`PinnedPool` keeps them
+across calls, one free list per power-of-two size class. The allocator is
+injected, which lets the pool and the staging logic run (and be tested)
+with plain numpy buffers on a machine without a GPU.
+"""
+
+import ctypes
+import os
+
+import numpy as np
+
+__all__ = ["PinnedPool", "Stager", "cuda_aware", "detect_cuda_aware"]
+
+_MIN_CLASS = 1 << 12  # 4 KiB: smaller payloads share one class
+
+
+def size_class(nbytes):
+    """The buffer size that serves ``nbytes``: the next power of two, at least 4 KiB."""
+    return max(_MIN_CLASS, 1 << max(0, int(nbytes) - 1).bit_length())
+
+
+class PinnedPool:
+    """Reusable host buffers, one free list per size class.
+
+    Parameters
+    ----------
+    alloc : callable
+        ``alloc(nbytes)`` returns a 1-D uint8 host buffer of ``nbytes`` bytes
+        (``cupyx.empty_pinned`` on a GPU, ``numpy.empty`` in tests).
+
+    Attributes
+    ----------
+    allocations : int
+        Buffers allocated so far (a reused buffer is not counted again).
+    """
+
+    def __init__(self, alloc):
+        self._alloc = alloc
+        self._free = {}
+        self.allocations = 0
+
+    def acquire(self, nbytes):
+        """A buffer of at least ``nbytes`` bytes, reused when one of its class is free.
+
+        Returns the whole buffer; slice ``[:nbytes]`` for the payload.
+        """
+        cls = size_class(nbytes)
+        free = self._free.get(cls)
+        if free:
+            return free.pop()
+        self.allocations += 1
+        return self._alloc(cls)
+
+    def release(self, buf):
+        """Return ``buf`` (from :meth:`acquire`) for reuse."""
+        self._free.setdefault(buf.size, []).append(buf)
+
+    def held_bytes(self):
+        """Bytes of free buffers kept for reuse."""
+        return sum(size * len(bufs) for size, bufs in self._free.items())
+
+
+class Stager:
+    """Turns device payloads into MPI buffers and back, for one backend.
+
+    Parameters
+    ----------
+    backend : ccl._xp.Backend
+        A device backend (its ``upload``/``download``/``synchronize``).
+    aware : bool
+        The MPI reads device memory (CUDA-aware): no staging, only a
+        stream synchronisation before each send.
+    pool : PinnedPool, optional
+        Where staging buffers come from (default: the backend's pinned memory).
+
+    Staging buffers given out by :meth:`send_buffer` and :meth:`recv_buffer`
+    stay in use until :meth:`release_all` (the end of the collective), when
+    every request that used them has completed.
+    """
+
+    def __init__(self, backend, aware, pool=None):
+        self.backend = backend
+        self.aware = aware
+        self.pool = PinnedPool(backend.pinned_empty) if pool is None else pool
+        self._held = []
+
+    def _stage(self, nbytes):
+        buf = self.pool.acquire(nbytes)
+        self._held.append(buf)
+        return buf[:nbytes]
+
+    def send_buffer(self, payload):
+        """What to hand to MPI to send the device ``payload``."""
+        if self.aware:
+            self.backend.synchronize()  # MPI cannot see the stream that wrote it
+            return payload
+        host = self._stage(payload.size)
+        if payload.size:
+            self.backend.download(payload, host)
+        return host
+
+    def recv_buffer(self, nbytes):
+        """A buffer MPI can receive ``nbytes`` into."""
+        if self.aware:
+            buf = self.backend.xp.empty(nbytes, dtype=np.uint8)
+            self.backend.synchronize()  # the allocation must exist before MPI writes it
+            return buf
+        return self._stage(nbytes)
+
+    def finish(self, buf):
+        """The device payload of a completed receive into ``buf`` (from :meth:`recv_buffer`)."""
+        if self.aware:
+            return buf
+        out = self.backend.xp.empty(buf.size, dtype=np.uint8)
+        if buf.size:
+            self.backend.upload(out, buf)
+        return out
+
+    def release_all(self):
+        """Give every staging buffer back to the pool (all requests have completed)."""
+        for buf in self._held:
+            self.pool.release(buf)
+        self._held = []
+
+
+# ------------------------------------------------------------------ detection
+_ENV_HINTS = (
+    ("MPICH_GPU_SUPPORT_ENABLED", "1"),       # Cray MPICH
+    ("MV2_USE_CUDA", "1"),                    # MVAPICH2
+    ("OMPI_MCA_opal_cuda_support", "true"),   # Open MPI built with CUDA, switched on
+)
+
+
+def _query_library():
+    """``MPIX_Query_cuda_support()`` of the loaded MPI library, or None if it has none."""
+    try:
+        from mpi4py import MPI
+
+        if not MPI.Is_initialized():
+            return None
+        lib = ctypes.CDLL(None)  # the process's global symbols: the MPI mpi4py loaded
+        query = getattr(lib, "MPIX_Query_cuda_support", None)
+        if query is None:
+            return None
+        query.restype = ctypes.c_int
+        return bool(query())
+    except (OSError, ImportError, AttributeError):  # pragma: no cover - platform specific
+        return None
+
+
+def _memory_kinds():
+    """The ``mpi_memory_alloc_kinds`` info value of MPI >= 4.1 (``""`` if unknown)."""
+    try:
+        from mpi4py import MPI
+
+        info = MPI.COMM_WORLD.Get_info()
+        try:
+            return info.Get("mpi_memory_alloc_kinds") or ""
+        finally:
+            info.Free()
+    except Exception:  # pragma: no cover - MPI < 4.1 or an implementation without it
+        return ""
+
+
+def detect_cuda_aware(environ=None, query=None, memory_kinds=None):
+    """Whether the MPI library can send and receive device memory.
+
+    The order, from the most to the least reliable (ecosystem-notes §4):
+
+    1. ``CCL_CUDA_AWARE=0|1``, the user's override;
+    2. the MPI 4.1 ``mpi_memory_alloc_kinds`` info key listing a ``cuda`` kind;
+    3. ``MPIX_Query_cuda_support()`` of the loaded library (Open MPI, MPICH);
+    4. vendor switches in the environment (Cray, MVAPICH2, Open MPI);
+    5. otherwise not CUDA-aware: staging always works, a device pointer
+       given to an MPI that cannot read it crashes.
+
+    Parameters
+    ----------
+    environ : mapping, optional
+        Defaults to ``os.environ``.
+    query, memory_kinds : callable, optional
+        Stand-ins for the library queries (tests).
+
+    Raises
+    ------
+    ValueError
+        If ``CCL_CUDA_AWARE`` is set to something other than 0 or 1.
+    """
+    env = os.environ if environ is None else environ
+    override = env.get("CCL_CUDA_AWARE", "").strip().lower()
+    if override:
+        if override in ("1", "true", "yes", "on"):
+            return True
+        if override in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"CCL_CUDA_AWARE must be 0 or 1, got {override!r}")
+    kinds = (_memory_kinds if memory_kinds is None else memory_kinds)()
+    if "cuda" in kinds.lower():
+        return True
+    supported = (_query_library if query is None else query)()
+    if supported is not None:
+        return supported
+    return any(env.get(name, "").strip().lower() == value for name, value in _ENV_HINTS)
+
+
+_DETECTED = None
+
+
+def cuda_aware():
+    """:func:`detect_cuda_aware`, decided once per process (``CCL_CUDA_AWARE`` is read then)."""
+    global _DETECTED
+    if _DETECTED is None:
+        _DETECTED = detect_cuda_aware()
+    return _DETECTED
