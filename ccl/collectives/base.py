@@ -189,6 +189,36 @@ class Call:
         self.note_flags(header.flags, j)
         return values
 
+    def decode_into(self, out, payload, j):
+        """Decode a result payload of unit ``j`` into its place in ``out``."""
+        self.unit(out, j)[:] = self.decode_result(payload, j)
+
+    def result_with_own(self, x, owned):
+        """A new array like ``x`` with this rank's own chunk decoded from ``owned`` in place.
+
+        The other chunks are filled by the algorithm as their payloads arrive.
+        """
+        out = np.empty_like(x)
+        for payload, u in zip(owned, self.units(self.rank)):
+            self.decode_into(out, payload, u)
+        return out
+
+    def own_chunk(self, owned, exact):
+        """This rank's chunk of a reduce-scatter: ``exact`` if there is one, else decoded.
+
+        ``owned`` are the payloads of the rank's units (a homomorphic sum exists
+        only encoded); units whose exact sum is not finite are marked NaN.
+        """
+        units = self.units(self.rank)
+        if exact is None:
+            return np.concatenate([self.decode_result(payload, u)
+                                   for payload, u in zip(owned, units)])
+        start = self.bounds[units[0]]
+        for u in units:
+            if not np.isfinite(exact[self.bounds[u] - start:self.bounds[u + 1] - start]).all():
+                self.mark_nonfinite(u)
+        return exact
+
     def note_flags(self, flags, j):
         """Remember the flags of a payload of unit ``j`` that the result is made of."""
         self.flags |= flags

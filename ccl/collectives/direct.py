@@ -72,14 +72,12 @@ def allreduce(call, x):
     p, r, channel, tag = call.size, call.rank, call.channel, call.tag
     sends = SendQueue(channel)
     owned, _ = _owner_sum(call, x, True, sends, broadcast=True)
-    out = np.empty_like(x)
-    for payload, u in zip(owned, call.units(r)):
-        call.unit(out, u)[:] = call.decode_result(payload, u)
+    out = call.result_with_own(x, owned)
     for k in range(call.segments):
         for step in range(1, p):
             source = (r - step) % p
             u = call.units(source)[k]
-            call.unit(out, u)[:] = call.decode_result(channel.recv(source, tag), u)
+            call.decode_into(out, channel.recv(source, tag), u)
         sends.poll()
     sends.wait_all()
     return out
@@ -90,12 +88,4 @@ def reduce_scatter(call, x):
     sends = SendQueue(call.channel)
     owned, exact = _owner_sum(call, x, False, sends, broadcast=False)
     sends.wait_all()
-    units = call.units(call.rank)
-    if exact is None:
-        return np.concatenate([call.decode_result(payload, u)
-                               for payload, u in zip(owned, units)])
-    start = call.bounds[units[0]]
-    for u in units:
-        if not np.isfinite(exact[call.bounds[u] - start:call.bounds[u + 1] - start]).all():
-            call.mark_nonfinite(u)
-    return exact
+    return call.own_chunk(owned, exact)

@@ -79,16 +79,14 @@ def allreduce(call, x):
     p, r, channel, tag = call.size, call.rank, call.channel, call.tag
     sends = SendQueue(channel)
     owned, _ = _reduce_scatter(call, x, True, sends, forward=True)
-    out = np.empty_like(x)
-    for payload, u in zip(owned, call.units(r)):
-        call.unit(out, u)[:] = call.decode_result(payload, u)
+    out = call.result_with_own(x, owned)
     right, left = (r + 1) % p, (r - 1) % p
     for s in range(p - 1):  # allgather: pass every owner's payloads on, unchanged
         for u in call.units((r - s - 1) % p):
             payload = channel.recv(left, tag)
             if s < p - 2:
                 sends.send(payload, right, tag)
-            call.unit(out, u)[:] = call.decode_result(payload, u)
+            call.decode_into(out, payload, u)
             sends.poll()
     sends.wait_all()
     return out
@@ -99,11 +97,4 @@ def reduce_scatter(call, x):
     sends = SendQueue(call.channel)
     owned, exact = _reduce_scatter(call, x, False, sends, forward=False)
     sends.wait_all()
-    units = call.units(call.rank)
-    if exact is not None:
-        start = call.bounds[units[0]]
-        for u in units:
-            if not np.isfinite(exact[call.bounds[u] - start:call.bounds[u + 1] - start]).all():
-                call.mark_nonfinite(u)
-        return exact
-    return np.concatenate([call.decode_result(payload, u) for payload, u in zip(owned, units)])
+    return call.own_chunk(owned, exact)
