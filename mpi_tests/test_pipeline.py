@@ -249,7 +249,7 @@ def test_probe_agrees_on_every_rank(comm):
 def test_bench_rows_have_ratio_bounds_and_pipelined_rows(comm):
     codec = get_codec({"id": "3lc", "s": 1.5})
     rows = bench.run(comm, [codec, get_codec("fp16")], ["fit", "auto"], [1 << 16], reps=1,
-                     warmup=0, segments=[0, 1024], link_gbps=1.0)
+                     warmup=0, segments=[0, 1024], link_gbps=1.0, paired=True)
     same = [{k: v for k, v in r.items() if k != "load"} for r in rows]
     assert same == comm.bcast(same)
     mpi, rest = rows[0], rows[1:]
@@ -262,6 +262,9 @@ def test_bench_rows_have_ratio_bounds_and_pipelined_rows(comm):
     for r in rows:
         assert r["time_s"] > 0 and r["speedup"] > 0 and r["sent_bytes"] >= 0
         assert r["wire_s"] == pytest.approx(r["sent_bytes"] / 125e6)
+        # paired: each row against MPI_Allreduce timed in alternation with it
+        assert r["mpi_time_s"] > 0 and r["speedup"] == pytest.approx(r["mpi_time_s"] /
+                                                                     r["time_s"])
         if r["resolved"] != "mpi":
             assert r["codec_s"] > 0
             assert r["bound"] == pytest.approx(r["time_s"] / max(r["wire_s"], r["codec_s"]))

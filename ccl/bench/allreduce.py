@@ -69,6 +69,30 @@ def _timed(comm, fn, reps, warmup):
     return float(np.median(times)), out
 
 
+def _timed_pair(comm, fn, reference, reps, warmup):
+    """Medians of ``fn`` and ``reference`` timed alternately, rep by rep (slowest rank).
+
+    On a machine whose load changes while a sweep runs, a reference measured
+    once at the start drifts away from the rows measured minutes later; timed
+    in alternation, both see the same load.
+    """
+    for _ in range(warmup):
+        fn()
+    times, ref_times, result = [], [], None
+
+    def once(f, into):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        out = f()
+        into.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        return out
+
+    for _ in range(reps):
+        once(reference, ref_times)
+        result = once(fn, times)
+    return float(np.median(times)), float(np.median(ref_times)), result
+
+
 def _codec_time(comm, codec, x, pieces, reps, warmup):
     """Encode then decode ``x`` in ``pieces`` equal pieces on every rank at once (no messages)."""
     bounds = chunk_bounds(x.size, pieces)
@@ -93,12 +117,14 @@ def _rows_to_run(codecs, algorithms, segments):
 
 
 def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, segments=None,
-        link_gbps=None, codec_bound=True):
+        link_gbps=None, codec_bound=True, paired=False):
     """Run the sweep; return a list of row dicts (identical on every rank).
 
     ``segments`` lists the ``segment_bytes`` to run ring, direct and auto with
     (default: the library default); ``link_gbps`` is the link speed known to
-    ``auto`` and used for the wire bound (None: unknown).
+    ``auto`` and used for the wire bound (None: unknown). With ``paired``,
+    every row's speedup is against ``MPI_Allreduce`` timed in alternation
+    with it (``mpi_time_s``), not only once at the start.
     """
     rows = []
     ch = _channel(comm)
@@ -124,6 +150,7 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
         mpi_sent = 2 * (p - 1) * 4 * n // p
         rows.append(dict(codec="MPI_Allreduce", config=None, algorithm="mpi", resolved="mpi",
                          segment_bytes=None, bytes=4 * n, ranks=p, time_s=mpi_time,
+                         mpi_time_s=mpi_time,
                          speedup=1.0, sent_bytes=mpi_sent, ratio=1.0,
                          wire_s=None if rate is None else mpi_sent / rate, codec_s=None,
                          bound=mpi_time / (mpi_sent / rate) if rate and mpi_sent else None,
@@ -144,7 +171,10 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
             before = ch.bytes_sent
             call()
             sent = comm.allreduce(ch.bytes_sent - before, op=MPI.MAX)
-            median, y = _timed(comm, call, reps, warmup)
+            if paired:
+                median, row_mpi, y = _timed_pair(comm, call, mpi_allreduce, reps, warmup)
+            else:
+                (median, y), row_mpi = _timed(comm, call, reps, warmup), mpi_time
             error = float(np.linalg.norm(y.astype(np.float64) - exact)) / norm
             codec_s = None
             if codec_bound and resolved != "mpi":
@@ -159,8 +189,8 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
             rows.append(dict(codec=codec.codec_id, config=codec.get_config(),
                              algorithm=algorithm, resolved=resolved,
                              segment_bytes=seg if resolved in CHUNKED else None,
-                             bytes=4 * n, ranks=p, time_s=median,
-                             speedup=mpi_time / median, sent_bytes=sent,
+                             bytes=4 * n, ranks=p, time_s=median, mpi_time_s=row_mpi,
+                             speedup=row_mpi / median, sent_bytes=sent,
                              ratio=mpi_sent / sent if sent else None,
                              wire_s=wire_s, codec_s=codec_s,
                              bound=median / max(bounds) if bounds else None,
@@ -242,6 +272,9 @@ def parse_args(argv=None):
     parser.add_argument("--link-gbps", default=None,
                         help="link speed in Gbit/s for auto and the wire bound, or 'probe' "
                              "(default: CCL_LINK_GBPS; unset: unknown)")
+    parser.add_argument("--paired", action="store_true",
+                        help="time MPI_Allreduce in alternation with every row and compute "
+                             "its speedup from that (robust to a changing machine load)")
     parser.add_argument("--no-codec-bound", action="store_true",
                         help="skip measuring the codec-only time")
     parser.add_argument("--csv", help="write the rows to this CSV file (rank 0)")
@@ -281,11 +314,14 @@ def main(argv=None):
               f"{'unknown' if link is None else f'{link:g} Gbit/s'}, load average "
               f"{os.getloadavg()[0]:.1f}", flush=True)
     rows = run(comm, codecs, algorithms, sizes, reps, args.warmup, progress=progress,
-               segments=segments, link_gbps=link, codec_bound=not args.no_codec_bound)
+               segments=segments, link_gbps=link, codec_bound=not args.no_codec_bound,
+               paired=args.paired)
     if rank0:
         print(format_table(rows))
         print(f"({time.perf_counter() - t0:.1f} s; time = median of {reps} runs, slowest "
-              "rank; 'vs MPI' = MPI_Allreduce time / this time, same data, same run)")
+              "rank; 'vs MPI' = MPI_Allreduce time / this time, same data, same run"
+              + (", MPI_Allreduce timed in alternation with each row)" if args.paired
+                 else ")"))
         if args.csv:
             with open(args.csv, "w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=list(rows[0]), extrasaction="ignore")
