@@ -315,6 +315,10 @@ def compressed_allreduce(x, codec=None, comm=None, op="sum", algorithm="auto", k
         duplicate cached on it.
     op : {"sum", "mean"}
     algorithm : {"auto", "ring", "tree", "direct", "allgather", "mpi"}
+        ``"auto"`` weighs compression against ``MPI_Allreduce`` at the link
+        speed ``CCL_LINK_GBPS`` (unset: it does not compress float32/float64;
+        see :mod:`ccl.collectives.auto`). ``ring`` and ``direct`` are
+        pipelined in segments of ``CCL_SEGMENT_BYTES`` payload bytes.
     key : hashable, optional
         Names the tensor: error-feedback residuals and the step counter are
         kept per key (on the communicator) across calls.
@@ -440,7 +444,7 @@ class Communicator:
         payload (wire) bytes and overlap the encoding and decoding of one
         segment with the transfer of others (pipelining; see
         :func:`ccl.collectives.base.segment_count`). 0: one segment per
-        chunk, no overlap. ``None``: ``CCL_SEGMENT_BYTES``, else 256 KiB.
+        chunk, no overlap. ``None``: ``CCL_SEGMENT_BYTES``, else 1 MiB.
     link_gbps : float, "probe" or None
         Link speed in Gbit/s for ``algorithm="auto"``'s cost model (see
         :mod:`ccl.collectives.auto`); ``"probe"`` measures it here, once,

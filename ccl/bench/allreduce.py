@@ -110,7 +110,7 @@ def _rows_to_run(codecs, algorithms, segments):
     out = []
     for codec in codecs:
         for algorithm in _algorithms_for(codec, algorithms):
-            # auto runs once, with the last segment size (the pipelined one in "0 256KB")
+            # auto runs once, with the last segment size (the pipelined one in "0 1MB")
             for seg in segments if algorithm in CHUNKED else segments[-1:]:
                 out.append((codec, algorithm, seg))
     return out
@@ -213,7 +213,7 @@ def _algorithms_for(codec, algorithms):
 
 
 def algorithm_label(row):
-    """``ring``, ``auto→direct``, with ``/seg 256KB`` or ``/unpipelined`` for ring and direct."""
+    """``ring``, ``auto→direct``, with ``/seg 1.0MB`` or ``/unpipelined`` for ring and direct."""
     name = row["algorithm"]
     if name == "auto":
         name = f"auto→{row['resolved']}"
@@ -268,7 +268,7 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first")
     parser.add_argument("--segment-bytes", nargs="+", default=None,
                         help="pipeline segment sizes to run ring, direct and auto with, e.g. "
-                             "0 256KB (0: unpipelined; default: CCL_SEGMENT_BYTES or 256KB)")
+                             "0 1MB (0: unpipelined; default: CCL_SEGMENT_BYTES or 1MB)")
     parser.add_argument("--link-gbps", default=None,
                         help="link speed in Gbit/s for auto and the wire bound, or 'probe' "
                              "(default: CCL_LINK_GBPS; unset: unknown)")

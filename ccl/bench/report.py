@@ -36,7 +36,7 @@ MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 # fits it ("fit"), unpipelined and pipelined, and with auto
 NETWORK_CODECS = ['{"id":"3lc","s":1.5}', '{"id":"onebit"}',
                   '{"id":"sidco","density":0.01}', '{"id":"thc","bits":4}', '{"id":"fp16"}']
-NETWORK_SEGMENTS = ("0", "256KB")
+NETWORK_SEGMENTS = ("0", "1MB")
 # (rate, codec id, least speedup over MPI_Allreduce) of the fitting, pipelined algorithm,
 # and (rate, codec id) pairs whose auto row must reach AUTO_FLOOR; from issue #7
 SPEEDUP_TARGETS = [("100mbit", "3lc", 12), ("100mbit", "onebit", 12), ("100mbit", "sidco", 10),
@@ -252,7 +252,7 @@ def network_sections(args, tmp, log, img_dir):
         text = (f"{args.ranks} ranks, {size} of float32 per rank, on {where}. One run: "
                 "`MPI_Allreduce` first, then each codec with the algorithm that fits it, "
                 "unpipelined (`/unpipelined`, `--segment-bytes 0`) and pipelined (`/seg "
-                "256KB`: segments of about 256 KB of payload), then `auto` (`auto→x`: what "
+                "1MB`: segments of about 1 MB of payload), then `auto` (`auto→x`: what "
                 "it chose). *vs MPI_Allreduce* compares with `MPI_Allreduce` timed in "
                 "alternation with the row (`--paired`), so both see the same machine load; "
                 "the first row is `MPI_Allreduce` timed alone. *ratio* = bytes `MPI_Allreduce` sends per rank / bytes this "

@@ -24,9 +24,10 @@ __all__ = ["Call", "SendQueue", "WORKER", "RELAY", "OWNER", "chunk_bounds", "seg
 WORKER, RELAY, OWNER = "worker", "relay", "owner"
 
 #: Payload (wire) bytes per pipeline segment of ring and direct (``CCL_SEGMENT_BYTES``):
-#: about 2 ms at 1 Gbit/s, so that per-segment Python and message overheads stay small,
-#: while a large chunk still has enough segments to overlap codec and transfers.
-DEFAULT_SEGMENT_BYTES = 1 << 18
+#: about 8 ms at 1 Gbit/s, so that per-segment Python and message overheads stay small,
+#: while a large chunk still has enough segments to overlap codec and transfers (1 MiB
+#: beat 256 KiB for fp16 and thc at 1 Gbit/s on the emulated cluster; benchmarks-howto.md).
+DEFAULT_SEGMENT_BYTES = 1 << 20
 #: Segment ``k > 0`` of chunk id ``c`` has the id ``c + k * SEGMENT_ID_STRIDE``: segment 0
 #: keeps the chunk's own id (unsegmented calls are unchanged), and ids stay distinct in
 #: the low 32 bits that seeds use while ``c < 2**20`` and ``k < 2**12``.
