@@ -256,8 +256,8 @@ def network_sections(args, tmp, log, img_dir):
                 "it chose). *vs MPI_Allreduce* compares with `MPI_Allreduce` timed in "
                 "alternation with the row (`--paired`), so both see the same machine load; "
                 "the first row is `MPI_Allreduce` timed alone. *ratio* = bytes "
-                "`MPI_Allreduce` sends per rank / bytes this sends; *wire bound* = the most bytes a rank sent at the link rate; *codec "
-                "bound* = the same data encoded and decoded in the same pieces on every "
+                "`MPI_Allreduce` sends per rank / bytes this sends; *wire bound* = the "
+                "most bytes a rank sent at the link rate; *codec bound* = the same data encoded and decoded in the same pieces on every "
                 "rank at once, without messages; the last column is time / the larger "
                 "bound.")
         if loads:
