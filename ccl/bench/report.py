@@ -257,9 +257,9 @@ def network_sections(args, tmp, log, img_dir):
                 "alternation with the row (`--paired`), so both see the same machine load; "
                 "the first row is `MPI_Allreduce` timed alone. *ratio* = bytes "
                 "`MPI_Allreduce` sends per rank / bytes this sends; *wire bound* = the "
-                "most bytes a rank sent at the link rate; *codec bound* = the same data encoded and decoded in the same pieces on every "
-                "rank at once, without messages; the last column is time / the larger "
-                "bound.")
+                "most bytes a rank sent at the link rate; *codec bound* = the same data "
+                "encoded and decoded in the same pieces on every rank at once, without "
+                "messages; the last column is time / the larger bound.")
         if loads:
             text += (f" Load average (1 min) while measuring: {min(loads):.1f} to "
                      f"{max(loads):.1f}.")
