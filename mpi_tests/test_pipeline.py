@@ -107,6 +107,20 @@ def test_link_speed_from_environment(monkeypatch):
             auto.default_link_gbps()
 
 
+def test_segment_bytes_from_environment(monkeypatch):
+    from ccl.collectives.base import DEFAULT_SEGMENT_BYTES, default_segment_bytes
+    monkeypatch.delenv("CCL_SEGMENT_BYTES", raising=False)
+    assert default_segment_bytes() == DEFAULT_SEGMENT_BYTES
+    monkeypatch.setenv("CCL_SEGMENT_BYTES", "0")
+    assert default_segment_bytes() == 0
+    monkeypatch.setenv("CCL_SEGMENT_BYTES", "4096")
+    assert default_segment_bytes() == 4096
+    for bad in ("-1", "1MB", "x"):
+        monkeypatch.setenv("CCL_SEGMENT_BYTES", bad)
+        with pytest.raises(ValueError, match="CCL_SEGMENT_BYTES"):
+            default_segment_bytes()
+
+
 # ------------------------------------------------------------------ collectives
 def _pair(comm, codec, algorithm, seg, collective="allreduce", n=1009, key=None):
     c = ccl.Communicator(comm, codec=codec, algorithm=algorithm, min_compress_bytes=0,
