@@ -44,9 +44,11 @@ class _Request:
     """One rank's arguments to a collective, validated without raising yet."""
 
     def __init__(self, collective, x, codec, op, algorithm, check_finite, size,
-                 partition_bytes=None, min_compress_bytes=None):
+                 partition_bytes=None, min_compress_bytes=None, segment_bytes=None,
+                 link_gbps=None):
         self.collective = collective
         self.partition_bytes, self.min_compress_bytes = partition_bytes, min_compress_bytes
+        self.segment_bytes, self.link_gbps = segment_bytes, link_gbps
         self.error = None
         self.codec = self.x = self.flat = self.algorithm = None
         self.backend = backend_of(x)
@@ -84,7 +86,8 @@ class _Request:
             return "allgather"
         if algorithm == "auto":
             return collectives.auto.choose(self.codec, self.x.nbytes, size, self.x.dtype,
-                                           self.collective)
+                                           self.collective, self.link_gbps,
+                                           bool(self.segment_bytes))
         if self.collective == "reduce_scatter" and algorithm not in collectives.REDUCE_SCATTER:
             raise ValueError(f"reduce_scatter supports algorithms "
                              f"{', '.join(sorted(collectives.REDUCE_SCATTER))} and 'auto'; "
@@ -109,7 +112,8 @@ class _Request:
             len(shape),
             _crc(shape),
             _OPS.index(self.op) if self.op in _OPS else -1,
-            _crc((self.requested, self.partition_bytes, self.min_compress_bytes)),
+            _crc((self.requested, self.partition_bytes, self.min_compress_bytes,
+                  self.segment_bytes, self.link_gbps)),
             _crc(self.algorithm),
             int(self.nonfinite),
         ], dtype=np.int64)
@@ -121,7 +125,8 @@ class _Request:
         return {"collective": self.collective, "dtype": getattr(self.x, "dtype", None),
                 "ndim": getattr(self.x, "ndim", None), "shape": getattr(self.x, "shape", None),
                 "op": self.op,
-                "algorithm": (self.requested, self.partition_bytes, self.min_compress_bytes),
+                "algorithm": (self.requested, self.partition_bytes, self.min_compress_bytes,
+                              self.segment_bytes, self.link_gbps),
                 "resolved algorithm": self.algorithm}.get(name)
 
 
@@ -170,7 +175,7 @@ def _shared_parameters(call, flat, parts):
     local[~np.isfinite(local)] = np.inf
     agreed = call.channel.allreduce_max(local)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    call.shared = [agreed[offsets[j]:offsets[j + 1]] for j in range(parts)]
+    call.shared = [agreed[offsets[j]:offsets[j + 1]] for j in range(len(stats))]
 
 
 def _pieces(request, size):
@@ -196,19 +201,33 @@ def _pieces(request, size):
                 piece_algo = "mpi" if flat.dtype in _DTYPES[:2] else "ring"
         elif request.requested == "auto" and per < n:
             piece_algo = collectives.auto.choose(codec, nbytes, size, request.x.dtype,
-                                                 request.collective)
+                                                 request.collective, request.link_gbps,
+                                                 bool(request.segment_bytes))
         pieces.append((start, stop, piece_codec, piece_algo))
     return pieces
 
 
+def _knobs(segment_bytes, link_gbps):
+    """Fill unset pipelining and link-speed knobs from the environment (may raise ValueError)."""
+    if segment_bytes is None:
+        segment_bytes = collectives.base.default_segment_bytes()
+    if link_gbps is None:
+        link_gbps = collectives.auto.default_link_gbps()
+    return segment_bytes, link_gbps
+
+
 def _run(channel, feedback, collective, x, codec, op, algorithm, key, check_finite, timeout,
-         partition_bytes=None, min_compress_bytes=None):
+         partition_bytes=None, min_compress_bytes=None, segment_bytes=None, link_gbps=None):
     """Validate, agree, run the algorithm and finish the result, on every rank alike."""
     timeout = default_timeout() if timeout is None else timeout
+    segment_bytes, link_gbps = _knobs(segment_bytes, link_gbps)
+    if link_gbps == "probe":  # measured once per channel, by every rank alike
+        link_gbps = channel.probed_link_gbps = getattr(channel, "probed_link_gbps", None) \
+            or collectives.auto.probe_link_gbps(channel.comm)
     tag = channel.begin(f"{collective}(key={key!r})", timeout)
     try:
         request = _Request(collective, x, codec, op, algorithm, check_finite, channel.size,
-                           partition_bytes, min_compress_bytes)
+                           partition_bytes, min_compress_bytes, segment_bytes, link_gbps)
         _agree(channel, request)
         channel.use_backend(request.backend)  # device payloads: CUDA-aware MPI or staging
         codec, flat, algo, p = request.codec, request.flat, request.algorithm, channel.size
@@ -219,7 +238,7 @@ def _run(channel, feedback, collective, x, codec, op, algorithm, key, check_fini
         state = None
         if key is not None:
             layout = (flat.size, flat.dtype.str, algo, codec.config_hash, p, partition_bytes,
-                      min_compress_bytes)
+                      min_compress_bytes, segment_bytes)
             state, flat = feedback.begin(key, layout, flat)
         step = state.step if state is not None else channel.calls
         pieces = _pieces(request, p)
@@ -228,7 +247,8 @@ def _run(channel, feedback, collective, x, codec, op, algorithm, key, check_fini
             for index, (start, stop, piece_codec, piece_algo) in enumerate(pieces):
                 result, nonfinite = _dispatch(channel, collective, piece_codec,
                                               flat[start:stop], piece_algo, key, state, step,
-                                              tag, offset=start, chunk_base=index * p)
+                                              tag, offset=start, chunk_base=index * p,
+                                              segment_bytes=segment_bytes)
                 results.append(result)
                 skip.update(nonfinite)
         except BaseException:
@@ -248,7 +268,7 @@ def _run(channel, feedback, collective, x, codec, op, algorithm, key, check_fini
 
 
 def _dispatch(channel, collective, codec, flat, algo, key, state, step, tag, offset=0,
-              chunk_base=0):
+              chunk_base=0, segment_bytes=None):
     """Run ``algo`` for ``collective``.
 
     Returns the flat (summed) result and the chunks whose result is NaN
@@ -262,8 +282,11 @@ def _dispatch(channel, collective, codec, flat, algo, key, state, step, tag, off
         return channel.allreduce_sum(flat), ()
     else:
         parts = channel.size if algo in collectives.CHUNKED else 1
+        segments = (collectives.base.segment_count(
+            flat.size, parts, segment_bytes, collectives.auto.bits_per_value(codec))
+            if algo in collectives.CHUNKED else 1)
         call = collectives.Call(channel, codec, flat.size, parts, tag, step, key, state, offset,
-                                chunk_base)
+                                chunk_base, segments)
         _shared_parameters(call, flat, parts)
         module = collectives.ALGORITHMS[algo]
         if collective == "allreduce":
@@ -297,8 +320,10 @@ def compressed_allreduce(x, codec=None, comm=None, op="sum", algorithm="auto", k
     op : {"sum", "mean"}
         Sum or average over ranks (``mean`` divides once, at decode).
     algorithm : {"auto", "ring", "tree", "direct", "allgather", "mpi"}
-        How chunks travel (see the algorithms page); ``auto`` chooses by
-        size, rank count and codec, and sends small messages uncompressed.
+        How chunks travel (see the algorithms page). ``"auto"`` weighs compression against ``MPI_Allreduce`` at the link
+        speed ``CCL_LINK_GBPS`` (unset: it does not compress float32/float64;
+        see :mod:`ccl.collectives.auto`). ``ring`` and ``direct`` are
+        pipelined in segments of ``CCL_SEGMENT_BYTES`` payload bytes.
     key : hashable, optional
         Names the tensor: error-feedback residuals and the step counter are
         kept per key (on the communicator) across calls.
@@ -470,6 +495,18 @@ class Communicator:
         Tensors (and partitions) smaller than this are sent uncompressed,
         where latency dominates and compression cannot pay. ``None`` or 0:
         compress everything (useful in tests on tiny data).
+    segment_bytes : int or None
+        Ring and direct cut every chunk into segments of about this many
+        payload (wire) bytes and overlap the encoding and decoding of one
+        segment with the transfer of others (pipelining; see
+        :func:`ccl.collectives.base.segment_count`). 0: one segment per
+        chunk, no overlap. ``None``: ``CCL_SEGMENT_BYTES``, else 1 MiB.
+    link_gbps : float, "probe" or None
+        Link speed in Gbit/s for ``algorithm="auto"``'s cost model (see
+        :mod:`ccl.collectives.auto`); ``"probe"`` measures it here, once,
+        with a few timed ``MPI_Allreduce`` calls (collective). ``None``:
+        ``CCL_LINK_GBPS``, else unknown, and then ``auto`` does not compress
+        allreduces of float32/float64.
 
     Examples
     --------
@@ -481,7 +518,8 @@ class Communicator:
     """
 
     def __init__(self, comm=None, codec=None, algorithm="auto", op="sum", check_finite=False,
-                 timeout=None, partition_bytes=4_096_000, min_compress_bytes=65_536):
+                 timeout=None, partition_bytes=4_096_000, min_compress_bytes=65_536,
+                 segment_bytes=None, link_gbps=None):
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self._channel = _channel(self.comm)
         self.codec = get_codec(codec)
@@ -498,6 +536,14 @@ class Communicator:
                 raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
         self.partition_bytes = int(partition_bytes) if partition_bytes else None
         self.min_compress_bytes = int(min_compress_bytes) if min_compress_bytes else None
+        if segment_bytes is not None and (not isinstance(segment_bytes, (int, np.integer))
+                                          or segment_bytes < 0):
+            raise ValueError(f"segment_bytes must be a non-negative int or None, "
+                             f"got {segment_bytes!r}")
+        self.segment_bytes = None if segment_bytes is None else int(segment_bytes)
+        self.link_gbps = collectives.auto.check_link_gbps(link_gbps)
+        if self.link_gbps == "probe":
+            self.link_gbps = collectives.auto.probe_link_gbps(self._channel.comm)
         self.feedback = ErrorFeedback()
 
     @property
@@ -516,7 +562,8 @@ class Communicator:
                     self.op if op is None else op,
                     self.algorithm if algorithm is None else algorithm, key,
                     self.check_finite if check_finite is None else check_finite, self.timeout,
-                    self.partition_bytes, self.min_compress_bytes)
+                    self.partition_bytes, self.min_compress_bytes, self.segment_bytes,
+                    self.link_gbps)
 
     def allreduce(self, x, key=None, op=None, algorithm=None, check_finite=None, codec=None):
         """:func:`compressed_allreduce` with this communicator's defaults and state.

@@ -3,7 +3,19 @@
 For each configuration: the median wall time over repeated runs after a
 warm-up (the slowest rank's time for each run), the speedup over
 ``MPI_Allreduce`` of the same data measured in the same run, the payload
-bytes each rank sent, and the relative error against the exact float64 sum.
+bytes each rank sent and the compression ratio on the wire (``MPI_Allreduce``'s
+bytes / these bytes), the relative error against the exact float64 sum, and
+two lower bounds:
+
+- *wire*: the most bytes a rank sent, at the link rate (``--link-gbps``;
+  empty when the rate is unknown);
+- *codec*: the same data encoded and decoded, in the same pieces as the
+  algorithm's, on every rank at once and without communication (slowest
+  rank, median): what the codec alone costs on these CPUs.
+
+``bound`` is time / the larger of the two; a perfectly pipelined algorithm
+approaches 1. Ring and direct rows can be repeated for several
+``--segment-bytes`` (0: unpipelined), to show what pipelining gains.
 """
 
 import argparse
@@ -17,7 +29,10 @@ from mpi4py import MPI
 
 import ccl
 from ccl.codecs import get_codec, registered_codecs
-from ccl.collectives.auto import fitting
+from ccl.collectives import CHUNKED, chunk_bounds
+from ccl.collectives.auto import (bits_per_value, check_link_gbps, choose, default_link_gbps,
+                                  fitting, probe_link_gbps)
+from ccl.collectives.base import default_segment_bytes, segment_count
 from ccl.transport import channel as _channel
 
 ALGORITHMS = ("ring", "tree", "direct", "allgather", "auto")
@@ -54,12 +69,71 @@ def _timed(comm, fn, reps, warmup):
     return float(np.median(times)), out
 
 
-def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None):
-    """Run the sweep; return a list of row dicts (identical on every rank)."""
+def _timed_pair(comm, fn, reference, reps, warmup):
+    """Medians of ``fn`` and ``reference`` timed alternately, rep by rep (slowest rank).
+
+    On a machine whose load changes while a sweep runs, a reference measured
+    once at the start drifts away from the rows measured minutes later; timed
+    in alternation, both see the same load.
+    """
+    for _ in range(warmup):
+        fn()
+    times, ref_times, result = [], [], None
+
+    def once(f, into):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        out = f()
+        into.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        return out
+
+    for _ in range(reps):
+        once(reference, ref_times)
+        result = once(fn, times)
+    return float(np.median(times)), float(np.median(ref_times)), result
+
+
+def _codec_time(comm, codec, x, pieces, reps, warmup):
+    """Encode then decode ``x`` in ``pieces`` equal pieces on every rank at once (no messages)."""
+    bounds = chunk_bounds(x.size, pieces)
+
+    def work():
+        for j in range(pieces):
+            codec.decode(codec.encode(x[bounds[j]:bounds[j + 1]]))
+
+    median, _ = _timed(comm, work, reps, warmup)
+    return median
+
+
+def _rows_to_run(codecs, algorithms, segments):
+    """``(codec, algorithm, segment_bytes)`` of every configuration, in run order."""
+    out = []
+    for codec in codecs:
+        for algorithm in _algorithms_for(codec, algorithms):
+            # auto runs once, with the last segment size (the pipelined one in "0 1MB")
+            for seg in segments if algorithm in CHUNKED else segments[-1:]:
+                out.append((codec, algorithm, seg))
+    return out
+
+
+def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, segments=None,
+        link_gbps=None, codec_bound=True, paired=False):
+    """Run the sweep; return a list of row dicts (identical on every rank).
+
+    ``segments`` lists the ``segment_bytes`` to run ring, direct and auto with
+    (default: the library default); ``link_gbps`` is the link speed known to
+    ``auto`` and used for the wire bound (None: unknown). With ``paired``,
+    every row's speedup is against ``MPI_Allreduce`` timed in alternation
+    with it (``mpi_time_s``), not only once at the start.
+    """
     rows = []
     ch = _channel(comm)
-    total = len(sizes) * sum(len(_algorithms_for(c, algorithms)) for c in codecs)
+    segments = list(segments) if segments else [default_segment_bytes()]
+    configs = _rows_to_run(codecs, algorithms, segments)
+    total = len(sizes) * len(configs)
     done = 0
+    rate = None if link_gbps is None else link_gbps * 1e9 / 8
+    p = comm.size
     for nbytes in sizes:
         n = max(nbytes // 4, 1)
         x = np.random.default_rng([seed, comm.rank]).standard_normal(n).astype(np.float32)
@@ -73,26 +147,58 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None):
             return out
 
         mpi_time, _ = _timed(comm, mpi_allreduce, reps, warmup)
-        rows.append(dict(codec="MPI_Allreduce", algorithm="mpi", bytes=4 * n, ranks=comm.size,
-                         time_s=mpi_time, speedup=1.0,
-                         sent_bytes=2 * (comm.size - 1) * 4 * n // comm.size,
-                         rel_error=0.0))
-        for codec in codecs:
-            for algorithm in _algorithms_for(codec, algorithms):
-                def call():
-                    return ccl.compressed_allreduce(x, codec, comm=comm, algorithm=algorithm)
-                before = ch.bytes_sent
-                call()
-                sent = ch.bytes_sent - before
-                median, y = _timed(comm, call, reps, warmup)
-                error = float(np.linalg.norm(y.astype(np.float64) - exact)) / norm
-                rows.append(dict(codec=codec.codec_id, algorithm=algorithm, bytes=4 * n,
-                                 ranks=comm.size, time_s=median, speedup=mpi_time / median,
-                                 sent_bytes=comm.allreduce(sent, op=MPI.MAX),
-                                 rel_error=error))
-                done += 1
-                if progress:
-                    progress(done, total)
+        mpi_sent = 2 * (p - 1) * 4 * n // p
+        rows.append(dict(codec="MPI_Allreduce", config=None, algorithm="mpi", resolved="mpi",
+                         segment_bytes=None, bytes=4 * n, ranks=p, time_s=mpi_time,
+                         mpi_time_s=mpi_time,
+                         speedup=1.0, sent_bytes=mpi_sent, ratio=1.0,
+                         wire_s=None if rate is None else mpi_sent / rate, codec_s=None,
+                         bound=mpi_time / (mpi_sent / rate) if rate and mpi_sent else None,
+                         rel_error=0.0, link_gbps=link_gbps))
+        codec_times = {}
+        for codec, algorithm, seg in configs:
+            t0 = time.perf_counter()
+            c = ccl.Communicator(comm, codec=codec, algorithm=algorithm, partition_bytes=None,
+                                 min_compress_bytes=None, segment_bytes=seg,
+                                 link_gbps=link_gbps)
+            resolved = algorithm
+            if algorithm == "auto":
+                resolved = choose(codec, 4 * n, p, np.float32, link_gbps=link_gbps,
+                                  pipelined=bool(seg))
+
+            def call():
+                return c.allreduce(x)
+            before = ch.bytes_sent
+            call()
+            sent = comm.allreduce(ch.bytes_sent - before, op=MPI.MAX)
+            if paired:
+                median, row_mpi, y = _timed_pair(comm, call, mpi_allreduce, reps, warmup)
+            else:
+                (median, y), row_mpi = _timed(comm, call, reps, warmup), mpi_time
+            error = float(np.linalg.norm(y.astype(np.float64) - exact)) / norm
+            codec_s = None
+            if codec_bound and resolved != "mpi":
+                pieces = (p * segment_count(n, p, seg, bits_per_value(codec))
+                          if resolved in CHUNKED else 1)
+                key = (codec.codec_id, codec.config_hash, pieces)
+                if key not in codec_times:
+                    codec_times[key] = _codec_time(comm, codec, x, pieces, reps, warmup)
+                codec_s = codec_times[key]
+            wire_s = None if rate is None else sent / rate
+            bounds = [b for b in (wire_s, codec_s) if b]
+            rows.append(dict(codec=codec.codec_id, config=codec.get_config(),
+                             algorithm=algorithm, resolved=resolved,
+                             segment_bytes=seg if resolved in CHUNKED else None,
+                             bytes=4 * n, ranks=p, time_s=median, mpi_time_s=row_mpi,
+                             speedup=row_mpi / median, sent_bytes=sent,
+                             ratio=mpi_sent / sent if sent else None,
+                             wire_s=wire_s, codec_s=codec_s,
+                             bound=median / max(bounds) if bounds else None,
+                             rel_error=error, link_gbps=link_gbps,
+                             load=os.getloadavg()[0]))
+            done += 1
+            if progress:
+                progress(done, total, rows[-1], time.perf_counter() - t0)
     return rows
 
 
@@ -106,15 +212,34 @@ def _algorithms_for(codec, algorithms):
     return out
 
 
+def algorithm_label(row):
+    """``ring``, ``auto→direct``, with ``/seg 1.0MB`` or ``/unpipelined`` for ring and direct."""
+    name = row["algorithm"]
+    if name == "auto":
+        name = f"auto→{row['resolved']}"
+    if row.get("segment_bytes") is not None:
+        seg = row["segment_bytes"]
+        name += f" /seg {_human(seg)}" if seg else " /unpipelined"
+    return name
+
+
+def _ms(seconds):
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
 def format_table(rows):
     """Rows as an aligned text table."""
-    header = (f"{'size':>9} {'codec':>14} {'algorithm':>9} {'time ms':>9} {'vs MPI':>7} "
-              f"{'sent/rank':>10} {'rel.err':>9}")
+    header = (f"{'size':>9} {'codec':>14} {'algorithm':>26} {'time ms':>9} {'vs MPI':>7} "
+              f"{'sent/rank':>10} {'ratio':>7} {'wire ms':>8} {'codec ms':>8} {'bound':>6} "
+              f"{'rel.err':>9}")
     lines = [header, "-" * len(header)]
     for r in rows:
-        lines.append(f"{_human(r['bytes']):>9} {r['codec']:>14} {r['algorithm']:>9} "
+        ratio = "-" if r.get("ratio") is None else f"{r['ratio']:.1f}x"
+        bound = "-" if r.get("bound") is None else f"{r['bound']:.2f}x"
+        lines.append(f"{_human(r['bytes']):>9} {r['codec']:>14} {algorithm_label(r):>26} "
                      f"{r['time_s'] * 1e3:9.3f} {r['speedup']:6.2f}x "
-                     f"{_human(r['sent_bytes']):>10} {r['rel_error']:9.2e}")
+                     f"{_human(r['sent_bytes']):>10} {ratio:>7} {_ms(r.get('wire_s')):>8} "
+                     f"{_ms(r.get('codec_s')):>8} {bound:>6} {r['rel_error']:9.2e}")
     return "\n".join(lines)
 
 
@@ -141,6 +266,17 @@ def parse_args(argv=None):
                         help="message sizes per rank, e.g. 4KB 1MB 64MB")
     parser.add_argument("--reps", type=int, default=None, help="timed runs per configuration")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first")
+    parser.add_argument("--segment-bytes", nargs="+", default=None,
+                        help="pipeline segment sizes to run ring, direct and auto with, e.g. "
+                             "0 1MB (0: unpipelined; default: CCL_SEGMENT_BYTES or 1MB)")
+    parser.add_argument("--link-gbps", default=None,
+                        help="link speed in Gbit/s for auto and the wire bound, or 'probe' "
+                             "(default: CCL_LINK_GBPS; unset: unknown)")
+    parser.add_argument("--paired", action="store_true",
+                        help="time MPI_Allreduce in alternation with every row and compute "
+                             "its speedup from that (robust to a changing machine load)")
+    parser.add_argument("--no-codec-bound", action="store_true",
+                        help="skip measuring the codec-only time")
     parser.add_argument("--csv", help="write the rows to this CSV file (rank 0)")
     parser.add_argument("--json", help="write the rows to this JSON file (rank 0)")
     return parser.parse_args(argv)
@@ -155,25 +291,40 @@ def main(argv=None):
     sizes = [_parse_size(s) for s in (args.sizes or (["256KB", "4MB"] if args.quick
                                                      else ["4KB", "256KB", "4MB", "64MB"]))]
     reps = args.reps or (3 if args.quick else 10)
+    segments = ([_parse_size(s) for s in args.segment_bytes] if args.segment_bytes else None)
+    link = check_link_gbps(args.link_gbps.lower(), "--link-gbps") if args.link_gbps \
+        else default_link_gbps()
     ccl.warmup([c.codec_id for c in codecs])
     rank0 = comm.rank == 0
+    if link == "probe":
+        link = probe_link_gbps(comm)
+    t0 = time.perf_counter()
 
-    def progress(done, total):
-        if rank0 and (done % 10 == 0 or done == total):
-            print(f"  [{done}/{total}]", flush=True)
+    def progress(done, total, row, seconds):
+        if rank0:
+            elapsed = time.perf_counter() - t0
+            print(f"  [{done}/{total}] {_human(row['bytes'])} {row['codec']} "
+                  f"{algorithm_label(row)}: {row['time_s'] * 1e3:.1f} ms, "
+                  f"{row['speedup']:.2f}x ({seconds:.0f} s; {elapsed:.0f} s elapsed, "
+                  f"about {elapsed / done * (total - done):.0f} s left)", flush=True)
 
     if rank0:
         print(f"ccl.bench: {comm.size} ranks, {MPI.Get_library_version().splitlines()[0]}, "
-              f"host {os.uname().nodename}", flush=True)
-    t0 = time.perf_counter()
-    rows = run(comm, codecs, algorithms, sizes, reps, args.warmup, progress=progress)
+              f"host {os.uname().nodename}, link "
+              f"{'unknown' if link is None else f'{link:g} Gbit/s'}, load average "
+              f"{os.getloadavg()[0]:.1f}", flush=True)
+    rows = run(comm, codecs, algorithms, sizes, reps, args.warmup, progress=progress,
+               segments=segments, link_gbps=link, codec_bound=not args.no_codec_bound,
+               paired=args.paired)
     if rank0:
         print(format_table(rows))
         print(f"({time.perf_counter() - t0:.1f} s; time = median of {reps} runs, slowest "
-              "rank; 'vs MPI' = MPI_Allreduce time / this time, same data, same run)")
+              "rank; 'vs MPI' = MPI_Allreduce time / this time, same data, same run"
+              + (", MPI_Allreduce timed in alternation with each row)" if args.paired
+                 else ")"))
         if args.csv:
             with open(args.csv, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                writer = csv.DictWriter(f, fieldnames=list(rows[0]), extrasaction="ignore")
                 writer.writeheader()
                 writer.writerows(rows)
         if args.json:

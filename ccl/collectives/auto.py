@@ -1,21 +1,192 @@
 """``algorithm="auto"``: pick the algorithm, and whether to compress at all.
 
-The rule uses only what every rank agrees on (size, dtype, rank count,
-codec), so every rank picks the same algorithm. It is deliberately simple;
-the benchmarks (``python -m ccl.bench``) are where it is tuned.
+Compression pays only when the network, not the CPU, sets the time. ``auto``
+compares two estimates with a deliberately simple cost model (see
+:func:`estimate`):
+
+- ``MPI_Allreduce``: a ring moves ``2 (p-1)/p · n`` bytes per rank, so it
+  takes about ``2 (p-1)/p · n / B`` on links of ``B`` bytes per second;
+- a compressing algorithm: the compressed bytes on the same links plus the
+  codec's encode and decode time (one core's throughput from
+  :data:`CODEC_SPEEDS`, measured by ``python -m ccl.bench codecs`` and
+  rounded down), overlapped when the algorithm is pipelined.
+
+It compresses only when the estimate wins by :data:`MARGIN`. ``B`` is the
+link speed in Gbit/s, given by ``CCL_LINK_GBPS``, ``Communicator(link_gbps=)``
+or measured once by :func:`probe_link_gbps` (``link_gbps="probe"``). Without
+it (shared memory, or nobody said) ``auto`` does not compress: the MPI
+library's own ``Allreduce`` is then never slower than itself.
+
+The decision uses only what every rank agrees on (size, dtype, rank count,
+codec, link speed; the speed is part of the argument check), so every rank
+picks the same algorithm.
 """
+
+import math
+import os
+import time
 
 import numpy as np
 
-__all__ = ["choose", "fitting", "MIN_COMPRESS_BYTES", "TREE_MAX_BYTES"]
+__all__ = ["choose", "fitting", "estimate", "probe_link_gbps", "default_link_gbps",
+           "check_link_gbps", "bits_per_value",
+           "CODEC_SPEEDS", "MIN_COMPRESS_BYTES", "TREE_MAX_BYTES", "MARGIN"]
 
 #: Below this many bytes per rank, latency dominates: send uncompressed with MPI.
 MIN_COMPRESS_BYTES = 65536
 #: Homomorphic codecs use the tree (log p rounds) below this size, the ring above.
 TREE_MAX_BYTES = 1 << 20
+#: Compress only when the model says it is this many times faster than MPI_Allreduce.
+MARGIN = 1.25
+#: Encode and decode GB/s (of float32 input) of one core per codec id: the single-core
+#: figures of docs/benchmarks.md ("Codec throughput"), roughly halved, because in a
+#: collective the codec shares caches, memory bandwidth and often cores with the
+#: other ranks and the MPI library. Codecs not listed count as 1 GB/s both ways.
+CODEC_SPEEDS = {
+    "none": (2.5, 2.5), "fp16": (1.0, 1.2), "bf16": (2.5, 3.0), "3lc": (3.5, 2.5),
+    "onebit": (2.5, 2.5), "thc": (0.5, 0.7), "dithering": (1.4, 3.5),
+    "randomk": (5.0, 3.0), "sidco": (3.0, 6.0), "dgc": (1.7, 5.0), "topk": (0.3, 5.0),
+}
+#: Fixed cost of one compressed call (argument check, Python, a few messages), seconds.
+CALL_OVERHEAD_S = 2e-3
+#: Codec time relative to the estimate above when every rank does not have a core to
+#: itself; the model assumes the worst case it is benchmarked on (2 ranks per core).
+CPU_SHARE = 2.0
 
 
-def choose(codec, nbytes, size, dtype, collective="allreduce"):
+def default_link_gbps():
+    """Link speed from ``CCL_LINK_GBPS``: a positive number of Gbit/s, ``"probe"``, or None.
+
+    Raises
+    ------
+    ValueError
+        If the variable is set to anything else.
+    """
+    value = os.environ.get("CCL_LINK_GBPS", "").strip().lower()
+    if not value:
+        return None
+    return check_link_gbps(value, "CCL_LINK_GBPS")
+
+
+def check_link_gbps(value, name="link_gbps"):
+    """Validate a link speed: a positive number (Gbit/s), ``"probe"`` or None."""
+    if value is None or value == "probe":
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not number > 0:
+        raise ValueError(f"{name} must be a positive number of Gbit/s or 'probe', "
+                         f"got {value!r}")
+    return number
+
+
+def probe_link_gbps(comm, nbytes=1 << 22, reps=3):
+    """Measure the effective link speed once, identically on every rank (collective).
+
+    Times ``MPI_Allreduce`` of ``nbytes`` (best of ``reps`` after a warm-up),
+    takes the slowest rank's time and converts it with the ring bound
+    ``2 (p-1)/p · nbytes``. What it measures is what ``auto`` competes
+    with: the MPI library's own allreduce on these links and CPUs.
+
+    Returns
+    -------
+    float
+        Gbit/s (``math.inf`` on one rank: there is no network).
+    """
+    from mpi4py import MPI
+
+    p = comm.Get_size()
+    if p == 1:
+        return math.inf
+    x = np.ones(max(nbytes // 4, 1), dtype=np.float32)
+    out = np.empty_like(x)
+    comm.Allreduce(x, out)  # connections and buffers are set up on first use
+    best = math.inf
+    for _ in range(reps):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        comm.Allreduce(x, out)
+        best = min(best, time.perf_counter() - t0)
+    slowest = comm.allreduce(best, op=MPI.MAX)  # one value on every rank
+    return 2 * (p - 1) / p * x.nbytes * 8 / max(slowest, 1e-9) / 1e9
+
+
+def bits_per_value(codec):
+    """Expected payload bits per input value (an upper estimate where it depends on the data).
+
+    Sizes pipeline segments (:func:`ccl.collectives.base.segment_count`) and the
+    wire time in :func:`estimate`; both only need a rough figure.
+    """
+    cid = codec.codec_id
+    if cid == "none":
+        return 32.0
+    if cid in ("fp16", "bf16"):
+        return 16.0
+    if cid == "onebit":
+        return 1.1
+    if cid == "3lc":
+        return 1.6  # 5 ternary values per byte before the zero-run pass shrinks it
+    bits = getattr(codec, "bits", None)
+    if bits is not None:
+        return float(bits)
+    levels = getattr(codec, "levels", None)
+    if levels is not None:
+        return 8.0 if int(levels) <= 127 else 16.0  # one int8 (int16) lane per value
+    density = getattr(codec, "density", None)
+    if isinstance(density, (int, float)):
+        # a value and an index per kept element (random-k shares its indices)
+        return float(density) * (32.0 if cid == "randomk" else 64.0)
+    return 32.0
+
+
+def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelined=True):
+    """Estimated seconds of ``MPI_Allreduce`` and of a compressed allreduce.
+
+    Parameters
+    ----------
+    codec : ccl.codecs.Codec
+    nbytes : int
+        Input bytes per rank.
+    size : int
+        Ranks.
+    link_gbps : float
+        Link speed in Gbit/s.
+    itemsize : int
+        Bytes per input element.
+    algorithm : str, optional
+        The compressing algorithm (default: :func:`fitting`).
+    pipelined : bool
+        Whether codec time overlaps the transfers (segmented ring and direct).
+
+    Returns
+    -------
+    tuple of float
+        ``(t_mpi, t_compressed)``.
+    """
+    p = size
+    rate = link_gbps * 1e9 / 8  # bytes per second
+    t_mpi = 2 * (p - 1) / p * nbytes / rate
+    algorithm = algorithm or fitting(codec)
+    elements = nbytes / itemsize
+    payload = elements * bits_per_value(codec) / 8
+    encode_gbs, decode_gbs = CODEC_SPEEDS.get(codec.codec_id, (1.0, 1.0))
+    if algorithm == "allgather":
+        wire, encodes, decodes = (p - 1) * payload, 1.0, float(p)
+    else:  # ring and direct: each encodes every element once, decodes (2p-1)/p of them
+        wire, encodes, decodes = 2 * (p - 1) / p * payload, 1.0, (2 * p - 1) / p
+    # the speeds are per byte of float32 input, i.e. per 4 bytes of elements
+    codec_s = CPU_SHARE * elements * 4 * (encodes / (encode_gbs * 1e9)
+                                          + decodes / (decode_gbs * 1e9))
+    wire_s = wire / rate
+    overlap = pipelined and algorithm in ("ring", "direct")
+    busy = max(wire_s, codec_s) + 0.25 * min(wire_s, codec_s) if overlap else wire_s + codec_s
+    return t_mpi, busy + CALL_OVERHEAD_S
+
+
+def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
+           pipelined=True):
     """Return the algorithm name ``auto`` resolves to.
 
     Parameters
@@ -28,6 +199,11 @@ def choose(codec, nbytes, size, dtype, collective="allreduce"):
     dtype : numpy.dtype
         Input dtype.
     collective : {"allreduce", "reduce_scatter"}
+    link_gbps : float or None
+        Link speed in Gbit/s (agreed by every rank); None: unknown, so an
+        allreduce of float32/float64 is not compressed.
+    pipelined : bool
+        Whether ring and direct run pipelined (segments), for the estimate.
 
     Returns
     -------
@@ -37,10 +213,18 @@ def choose(codec, nbytes, size, dtype, collective="allreduce"):
     """
     if collective == "reduce_scatter":
         return "ring" if codec.homomorphic else "direct"
-    mpi_ok = np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.float64))
+    dtype = np.dtype(dtype)
+    mpi_ok = dtype in (np.dtype(np.float32), np.dtype(np.float64))
     # one rank has no network to save; small messages are latency-bound
     if mpi_ok and (codec.codec_id == "none" or nbytes < MIN_COMPRESS_BYTES or size == 1):
         return "mpi"
+    if mpi_ok:
+        if link_gbps is None or link_gbps == "probe" or math.isinf(link_gbps):
+            return "mpi"  # no network known to be slower than the codecs
+        t_mpi, t_codec = estimate(codec, nbytes, size, link_gbps, dtype.itemsize,
+                                  pipelined=pipelined)
+        if t_codec * MARGIN > t_mpi:
+            return "mpi"
     if codec.homomorphic and nbytes < TREE_MAX_BYTES:
         return "tree"
     return fitting(codec)

@@ -9,15 +9,30 @@ homomorphic adds, and the channel's byte transport. The public functions in
 algorithm's sum into the user's result.
 """
 
+import math
+import os
+
 import numpy as np
 
+from .._xp import array_module
 from ..codecs.base import FLAG_NONFINITE, CodecContext
 
-__all__ = ["Call", "WORKER", "RELAY", "OWNER", "chunk_bounds"]
+__all__ = ["Call", "SendQueue", "WORKER", "RELAY", "OWNER", "chunk_bounds", "segment_count",
+           "DEFAULT_SEGMENT_BYTES", "SEGMENT_ID_STRIDE", "default_segment_bytes"]
 
 # The three kinds of lossy point (codec-specs.md §0): a rank's own contribution,
 # a partial sum re-encoded on its way, and the final chunk encoded by its owner.
 WORKER, RELAY, OWNER = "worker", "relay", "owner"
+
+#: Payload (wire) bytes per pipeline segment of ring and direct (``CCL_SEGMENT_BYTES``):
+#: about 8 ms at 1 Gbit/s, so that per-segment Python and message overheads stay small,
+#: while a large chunk still has enough segments to overlap codec and transfers (1 MiB
+#: beat 256 KiB for fp16 and thc at 1 Gbit/s on the emulated cluster; benchmarks-howto.md).
+DEFAULT_SEGMENT_BYTES = 1 << 20
+#: Segment ``k > 0`` of chunk id ``c`` has the id ``c + k * SEGMENT_ID_STRIDE``: segment 0
+#: keeps the chunk's own id (unsegmented calls are unchanged), and ids stay distinct in
+#: the low 32 bits that seeds use while ``c < 2**20`` and ``k < 2**12``.
+SEGMENT_ID_STRIDE = 1 << 20
 
 
 def chunk_bounds(n, parts):
@@ -28,6 +43,43 @@ def chunk_bounds(n, parts):
     bounds = np.zeros(parts + 1, dtype=np.int64)
     np.cumsum(sizes, out=bounds[1:])
     return bounds
+
+
+def default_segment_bytes():
+    """Segment size from ``CCL_SEGMENT_BYTES`` (unset: :data:`DEFAULT_SEGMENT_BYTES`; 0: off).
+
+    Raises
+    ------
+    ValueError
+        If the variable is not a non-negative integer.
+    """
+    value = os.environ.get("CCL_SEGMENT_BYTES", "").strip()
+    if not value:
+        return DEFAULT_SEGMENT_BYTES
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise ValueError(f"CCL_SEGMENT_BYTES must be a non-negative integer, got {value!r}")
+    return number
+
+
+def segment_count(n, parts, segment_bytes, bits_per_value=32.0):
+    """Segments per chunk when ``n`` elements are split into ``parts`` chunks.
+
+    Segments are sized by their *payload*: a chunk whose payload is expected
+    to take ``bits_per_value`` bits per element gets about one segment per
+    ``segment_bytes`` of it, so a strongly compressing codec is not cut into
+    messages too small to be worth sending separately. Every chunk gets the
+    same count (chunk lengths differ by at most one), so a segment is
+    identified by ``(chunk, k)`` alike on every rank. ``segment_bytes`` of 0
+    or None means one segment per chunk (no pipelining).
+    """
+    if not segment_bytes or n == 0:
+        return 1
+    payload = -(-n // parts) * bits_per_value / 8
+    return max(1, min(-(-n // parts), math.ceil(payload / int(segment_bytes))))
 
 
 class Call:
@@ -55,15 +107,28 @@ class Call:
     chunk_base : int
         Id of this call's chunk 0 within the tensor (partitioned calls), so that
         residuals, seeds and flags of different partitions never collide.
+    segments : int
+        Segments per chunk (pipelined ring and direct). Every codec operation
+        works on a *unit*: segment ``k`` of chunk ``j`` is unit ``j * segments + k``,
+        with its own lossy points, seeds and flags (segment 0 keeps the chunk's
+        id); with one segment per chunk, units are the chunks.
     """
 
     def __init__(self, channel, codec, n, parts, tag, step, key, state, offset=0,
-                 chunk_base=0):
+                 chunk_base=0, segments=1):
         self.channel = channel
         self.rank = channel.rank
         self.size = channel.size
         self.codec = codec
-        self.bounds = chunk_bounds(n, parts)
+        self.parts, self.segments = parts, max(1, int(segments))
+        self.chunk_starts = chunk_bounds(n, parts)
+        if self.segments == 1:
+            self.bounds = self.chunk_starts
+        else:  # every chunk split as numpy.array_split would, then concatenated
+            lengths = np.diff(self.chunk_starts)
+            sub = [self.chunk_starts[j] + chunk_bounds(int(lengths[j]), self.segments)[:-1]
+                   for j in range(parts)]
+            self.bounds = np.concatenate(sub + [self.chunk_starts[-1:]])
         self.tag = tag
         self.step = step
         self.key = key
@@ -76,22 +141,35 @@ class Call:
     # ------------------------------------------------------------------ chunks
     def chunk(self, x, j):
         """View of chunk ``j`` of the 1-D array ``x``."""
-        return x[self.bounds[j]:self.bounds[j + 1]]
+        return x[self.chunk_starts[j]:self.chunk_starts[j + 1]]
+
+    def unit(self, x, u):
+        """View of unit ``u`` (segment ``u % segments`` of chunk ``u // segments``) of ``x``."""
+        return x[self.bounds[u]:self.bounds[u + 1]]
+
+    def units(self, j):
+        """The units of chunk ``j``, in order."""
+        return range(j * self.segments, (j + 1) * self.segments)
+
+    def unit_id(self, u):
+        """Chunk id of unit ``u``: names its lossy points, seeds and flags."""
+        j, k = divmod(u, self.segments)
+        return self.chunk_base + j + k * SEGMENT_ID_STRIDE
 
     def context(self, j):
-        """The :class:`CodecContext` for chunk ``j`` on this rank."""
+        """The :class:`CodecContext` for unit ``j`` on this rank."""
         shared = None if self.shared is None else self.shared[j]
-        return CodecContext(step=self.step, key=self.key, chunk=self.chunk_base + j,
+        return CodecContext(step=self.step, key=self.key, chunk=self.unit_id(j),
                             rank=self.rank,
                             shared=shared, n=int(self.bounds[j + 1] - self.bounds[j]))
 
     # ------------------------------------------------------------------ codec
     def encode(self, values, j, role):
-        """Encode ``values`` (chunk ``j``) at lossy point ``(role, j)`` with error feedback."""
+        """Encode ``values`` (unit ``j``) at lossy point ``(role, j)`` with error feedback."""
         ctx = self.context(j)
         if self.state is None:
             return self.codec.encode(values, ctx)
-        point = (role, self.chunk_base + j)
+        point = (role, self.unit_id(j))
         residual = self.state.residual(point)
         target = values if residual is None else values + residual
         payload = self.codec.encode(target, ctx)
@@ -104,7 +182,7 @@ class Call:
         return payload
 
     def decode(self, payload, j):
-        """Decode an intermediate payload of chunk ``j`` (flags do not raise here)."""
+        """Decode an intermediate payload of unit ``j`` (flags do not raise here)."""
         return self.codec.decode_with_header(payload, self.context(j))[0]
 
     def decode_result(self, payload, j):
@@ -113,27 +191,95 @@ class Call:
         self.note_flags(header.flags, j)
         return values
 
+    def decode_into(self, out, payload, j):
+        """Decode a result payload of unit ``j`` into its place in ``out``."""
+        self.unit(out, j)[:] = self.decode_result(payload, j)
+
+    def result_with_own(self, x, owned):
+        """A new array like ``x`` with this rank's own chunk decoded from ``owned`` in place.
+
+        The other chunks are filled by the algorithm as their payloads arrive.
+        """
+        out = array_module(x).empty_like(x)
+        for payload, u in zip(owned, self.units(self.rank)):
+            self.decode_into(out, payload, u)
+        return out
+
+    def own_chunk(self, owned, exact):
+        """This rank's chunk of a reduce-scatter: ``exact`` if there is one, else decoded.
+
+        ``owned`` are the payloads of the rank's units (a homomorphic sum exists
+        only encoded); units whose exact sum is not finite are marked NaN.
+        """
+        units = self.units(self.rank)
+        if exact is None:
+            parts = [self.decode_result(payload, u) for payload, u in zip(owned, units)]
+            return array_module(parts[0]).concatenate(parts)
+        start = self.bounds[units[0]]
+        for u in units:
+            if not array_module(exact).isfinite(exact[self.bounds[u] - start:self.bounds[u + 1] - start]).all():
+                self.mark_nonfinite(u)
+        return exact
+
     def note_flags(self, flags, j):
-        """Remember the flags of a payload of chunk ``j`` that the result is made of."""
+        """Remember the flags of a payload of unit ``j`` that the result is made of."""
         self.flags |= flags
         if flags & FLAG_NONFINITE:
             self.mark_nonfinite(j)
 
     def mark_nonfinite(self, j):
-        """Record that chunk ``j``'s result is NaN (its residuals stay as they were)."""
-        self.nonfinite_chunks.add(self.chunk_base + j)
+        """Record that unit ``j``'s result is NaN (its residuals stay as they were)."""
+        self.nonfinite_chunks.add(self.unit_id(j))
 
     def add(self, a, b, j):
-        """Homomorphic sum of two payloads of chunk ``j``."""
+        """Homomorphic sum of two payloads of unit ``j``."""
         return self.codec.add(a, b, self.context(j))
 
-    def shared_stats(self, x, parts):
-        """This rank's :meth:`Codec.shared_stats` of every chunk's worker input, stacked."""
+    def shared_stats(self, x, parts=None):
+        """This rank's :meth:`Codec.shared_stats` of every unit's worker input, in unit order.
+
+        ``parts`` is ignored (kept for callers that pass the chunk count); there
+        is one entry per unit.
+        """
         stats = []
-        for j in range(parts):
-            values = self.chunk(x, j)
+        for j in range(len(self.bounds) - 1):
+            values = self.unit(x, j)
             residual = (None if self.state is None
-                        else self.state.residual((WORKER, self.chunk_base + j)))
+                        else self.state.residual((WORKER, self.unit_id(j))))
             stats.append(self.codec.shared_stats(values if residual is None
                                                  else values + residual))
         return stats
+
+
+class SendQueue:
+    """Nonblocking sends in flight during a pipelined collective.
+
+    Keeps each payload alive until its send completes, lets the algorithm
+    nudge MPI's progress between segments (:meth:`poll`), and waits for the
+    rest at the end (:meth:`wait_all`) against the channel's deadline.
+    """
+
+    __slots__ = ("channel", "_pending")
+
+    def __init__(self, channel):
+        self.channel = channel
+        self._pending = []
+
+    def send(self, payload, dest, tag):
+        """Start sending ``payload`` to ``dest``."""
+        self._pending.append((self.channel.isend(payload, dest, tag), dest, payload))
+
+    def poll(self):
+        """Complete the sends that are done, oldest first, without blocking."""
+        done = 0
+        for request, _, _ in self._pending:
+            if not request.Test():
+                break
+            done += 1
+        del self._pending[:done]
+
+    def wait_all(self):
+        """Wait for every send still in flight."""
+        for request, dest, _ in self._pending:
+            self.channel.wait(request, f"the send to rank {dest}")
+        self._pending = []
