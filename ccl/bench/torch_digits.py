@@ -9,8 +9,8 @@ Every method trains the same model from the same initial weights on the same
 per-rank shards with the same hyperparameters, in the same run:
 
 - ``ccl/<codec>``: :class:`ccl.torch.DistributedOptimizer` with that codec
-  (codecs that are not registered in this installation are skipped, with a
-  note);
+  and, by default, the algorithm that fits it (``--algorithm``; codecs that
+  are not registered in this installation are skipped, with a note);
 - ``ddp/<hook>``: ``torch.nn.parallel.DistributedDataParallel`` on the gloo
   backend (rank and world size from MPI, ``env://`` rendezvous on
   127.0.0.1), with no hook, ``fp16_compress_hook`` or ``powerSGD_hook``.
@@ -32,6 +32,7 @@ from mpi4py import MPI
 
 import ccl
 from ccl.codecs import get_codec, registered_codecs
+from ccl.collectives.auto import fitting
 
 DEFAULT_CODECS = ("none", "fp16", "3lc", "thc", "onebit", "sidco")
 DDP_HOOKS = ("none", "fp16", "powersgd")
@@ -151,6 +152,13 @@ def summarise(runs):
     return rows
 
 
+def _algorithm(codec, requested):
+    """``requested``, or for ``"fit"`` the algorithm that fits ``codec`` (MPI for ``none``)."""
+    if requested != "fit":
+        return requested
+    return "auto" if codec.codec_id == "none" else fitting(codec)
+
+
 def run_ccl(comm, specs, data, args):
     """Train once per codec with ccl.torch.DistributedOptimizer."""
     import torch
@@ -167,7 +175,7 @@ def run_ccl(comm, specs, data, args):
             optimizer = ct.DistributedOptimizer(
                 torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                 named_parameters=model.named_parameters(), codec=codec,
-                algorithm=args.algorithm,
+                algorithm=_algorithm(codec, args.algorithm),
                 **({} if args.fusion_bytes is None
                    else {"fusion_threshold_bytes": args.fusion_bytes}))
             label = codec.codec_id if isinstance(spec, str) else json.dumps(spec)
@@ -268,8 +276,11 @@ def main(argv=None):
     parser.add_argument("--fusion-bytes", type=int, default=None,
                         help="fusion_threshold_bytes of DistributedOptimizer (1: a bucket "
                              "per parameter)")
-    parser.add_argument("--algorithm", default="auto",
-                        help="algorithm of DistributedOptimizer (default auto)")
+    parser.add_argument("--algorithm", default="fit",
+                        help="algorithm of DistributedOptimizer; 'fit' (default): the one "
+                             "that fits each codec, which 'auto' also picks on a link slow "
+                             "enough for compression to pay ('auto' on an unknown link sends "
+                             "uncompressed)")
     parser.add_argument("--json", help="write the rows (with per-epoch curves) here")
     parser.add_argument("--plot", help="write a PNG of accuracy curves and wall times here")
     args = parser.parse_args(argv)
