@@ -13,6 +13,7 @@ reports which collective and key it was waiting on and aborts the job, so a
 dead or diverged peer never hangs the job forever.
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -92,26 +93,45 @@ class Channel:
     def _deadline(self):
         return None if self.timeout is None else time.monotonic() + self.timeout
 
+    def _abort(self, what):
+        message = (f"ccl: rank {self.rank} of {self.size} {what} in {self.activity}; a peer "
+                   "rank has probably died or called a different collective. Aborting the job.")
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+        self.comm.Abort(3)
+
     def _expired(self, deadline, what):
         if deadline is not None and time.monotonic() > deadline:
-            message = (f"ccl: rank {self.rank} of {self.size} timed out after {self.timeout:g} s "
-                       f"in {self.activity}, waiting for {what}; a peer rank has probably died "
-                       "or called a different collective. Aborting the job.")
-            sys.stderr.write(message + "\n")
-            sys.stderr.flush()
-            self.comm.Abort(3)
+            self._abort(f"timed out after {self.timeout:g} s waiting for {what}")
+
+    @contextlib.contextmanager
+    def _reporting(self, what):
+        # A peer that died mid-transfer can make MPI fail instead of block (e.g. MPICH's
+        # shared-memory copy from a vanished process). The collective cannot be finished
+        # on any rank, so report it like a timeout instead of raising on this rank only
+        # while the others wait.
+        try:
+            yield
+        except MPI.Exception as exc:
+            # the class ("Other MPI error") and the innermost line of MPICH's error stack
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            error = MPI.Get_error_string(exc.Get_error_class())
+            if len(lines) > 1:
+                error = f"{error}: {lines[-1]}"
+            self._abort(f"got an MPI error waiting for {what} ({error})")
 
     def wait(self, request, what):
         """Wait for one request, polling against the deadline."""
-        if self.timeout is None:
-            request.Wait()
-            return
-        deadline = self._deadline()
-        pause = 1e-5
-        while not request.Test():
-            self._expired(deadline, what)
-            time.sleep(pause)
-            pause = min(pause * 2, 2e-3)
+        with self._reporting(what):
+            if self.timeout is None:
+                request.Wait()
+                return
+            deadline = self._deadline()
+            pause = 1e-5
+            while not request.Test():
+                self._expired(deadline, what)
+                time.sleep(pause)
+                pause = min(pause * 2, 2e-3)
 
     # ---------------------------------------------------------- point to point
     def isend(self, payload, dest, tag):
@@ -122,20 +142,22 @@ class Channel:
     def recv(self, source, tag):
         """Receive a payload of any length from ``source``."""
         status = MPI.Status()
-        if self.timeout is None:
-            message = self.comm.Mprobe(source, tag, status)
-        else:
-            deadline = self._deadline()
-            pause = 1e-5
-            while True:
-                message = self.comm.Improbe(source, tag, status)
-                if message is not None:
-                    break
-                self._expired(deadline, f"a message from rank {source}")
-                time.sleep(pause)
-                pause = min(pause * 2, 2e-3)
-        buf = np.empty(status.Get_count(_BYTE), dtype=np.uint8)
-        message.Recv([buf, _BYTE])
+        what = f"a message from rank {source}"
+        with self._reporting(what):
+            if self.timeout is None:
+                message = self.comm.Mprobe(source, tag, status)
+            else:
+                deadline = self._deadline()
+                pause = 1e-5
+                while True:
+                    message = self.comm.Improbe(source, tag, status)
+                    if message is not None:
+                        break
+                    self._expired(deadline, what)
+                    time.sleep(pause)
+                    pause = min(pause * 2, 2e-3)
+            buf = np.empty(status.Get_count(_BYTE), dtype=np.uint8)
+            message.Recv([buf, _BYTE])
         return buf
 
     def sendrecv(self, payload, dest, source, tag):
