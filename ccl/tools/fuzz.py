@@ -44,6 +44,7 @@ import numpy as np
 
 from ..codecs import HEADER_SIZE, CodecContext, get_codec, registered_codecs
 from ..errors import PayloadError
+from . import VARIANTS
 
 try:
     from hypothesis import HealthCheck, given, seed, settings
@@ -63,20 +64,6 @@ HEADER_FIELDS = {
     "dtype": (5, "<B"), "reserved": (6, "<H"), "contributors": (8, "<I"),
     "config_hash": (12, "<I"), "n": (16, "<Q"), "body_len": (24, "<Q"),
 }
-
-#: Configurations fuzzed besides each registered codec's defaults: other body layouts.
-VARIANTS = (
-    {"id": "3lc", "s": 1.5},
-    {"id": "thc", "bits": 2, "block": 8},
-    {"id": "thc", "bits": 3, "g": 7, "table": "uniform", "block": 64},
-    {"id": "dithering", "levels": 7, "partition": "natural"},
-    {"id": "dithering", "levels": 2000, "norm": "l2"},
-    {"id": "randomk", "k": 5, "scale": True},
-    {"id": "sidco", "density": 0.1, "dist": "gpareto", "stages": 3},
-    {"id": "topk", "k": 1},
-    {"id": "topk", "density": 1.0},
-    {"id": "dgc", "density": 0.2, "seed": 7},
-)
 
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
