@@ -84,7 +84,8 @@ def test_error_feedback_conserves_mass_for_every_codec_and_algorithm(comm, codec
         magnitude = max(magnitude, float(np.abs(held_local).max(initial=0.0)))
         held, atol = _check_conservation(comm, delivered, held_local, put_in, steps,
                                          f"{codec}/{algorithm}", magnitude)
-        lossy_seen |= held > 100 * atol
+        # dropping residuals this large would fail the check above
+        lossy_seen |= held > 2 * atol
     if feedback:
         # the property is not vacuous: residuals really carried mass somewhere
         assert lossy_seen, f"{codec}: no residual ever held anything"

@@ -5,8 +5,9 @@ starts ``COLLECTIVE`` (``allreduce``, ``reduce_scatter`` or ``allgather``)
 under the key ``"layer7.weight"`` with ``timeout=TIMEOUT``, and the last
 rank dies inside it. ``HOW`` is ``exit`` (``os._exit(0)``: a process that
 quits without MPI_Finalize), ``kill`` (SIGKILL to itself: a crash, an OOM
-kill) or ``stop`` (SIGSTOP: a hung node that the launcher cannot notice). ``WHEN`` is ``start`` (before it joins the argument check, so its
-peers wait for a message that never comes) or ``midway`` (right after it
+kill) or ``stop`` (SIGSTOP: a hung node that the launcher cannot notice).
+``WHEN`` is ``start`` (before it joins the argument check, so its peers
+wait for a message that never comes) or ``midway`` (right after it
 sent its first payload, so a peer may be reading from a vanished process;
 in the allgather collective: as it joins the payload exchange).
 
