@@ -123,15 +123,18 @@ class Channel:
     def wait(self, request, what):
         """Wait for one request, polling against the deadline."""
         with self._reporting(what):
-            if self.timeout is None:
-                request.Wait()
-                return
-            deadline = self._deadline()
-            pause = 1e-5
-            while not request.Test():
-                self._expired(deadline, what)
-                time.sleep(pause)
-                pause = min(pause * 2, 2e-3)
+            self._wait(request, what)
+
+    def _wait(self, request, what):
+        if self.timeout is None:
+            request.Wait()
+            return
+        deadline = self._deadline()
+        pause = 1e-5
+        while not request.Test():
+            self._expired(deadline, what)
+            time.sleep(pause)
+            pause = min(pause * 2, 2e-3)
 
     # ---------------------------------------------------------- point to point
     def isend(self, payload, dest, tag):
@@ -141,23 +144,25 @@ class Channel:
 
     def recv(self, source, tag):
         """Receive a payload of any length from ``source``."""
+        with self._reporting(f"a message from rank {source}"):
+            return self._recv(source, tag)
+
+    def _recv(self, source, tag):
         status = MPI.Status()
-        what = f"a message from rank {source}"
-        with self._reporting(what):
-            if self.timeout is None:
-                message = self.comm.Mprobe(source, tag, status)
-            else:
-                deadline = self._deadline()
-                pause = 1e-5
-                while True:
-                    message = self.comm.Improbe(source, tag, status)
-                    if message is not None:
-                        break
-                    self._expired(deadline, what)
-                    time.sleep(pause)
-                    pause = min(pause * 2, 2e-3)
-            buf = np.empty(status.Get_count(_BYTE), dtype=np.uint8)
-            message.Recv([buf, _BYTE])
+        if self.timeout is None:
+            message = self.comm.Mprobe(source, tag, status)
+        else:
+            deadline = self._deadline()
+            pause = 1e-5
+            while True:
+                message = self.comm.Improbe(source, tag, status)
+                if message is not None:
+                    break
+                self._expired(deadline, f"a message from rank {source}")
+                time.sleep(pause)
+                pause = min(pause * 2, 2e-3)
+        buf = np.empty(status.Get_count(_BYTE), dtype=np.uint8)
+        message.Recv([buf, _BYTE])
         return buf
 
     def sendrecv(self, payload, dest, source, tag):
