@@ -152,22 +152,21 @@ def test_state_dict_round_trip_continues_bit_identically(comm, codec):
     make = lambda: ccl.Communicator(comm, codec=_config(codec), algorithm="auto",  # noqa: E731
                                     min_compress_bytes=0, partition_bytes=4 * 97)
     a = make()
-    for step in range(4):
-        for key in ("w", "b"):
-            a.allreduce(rank_input(comm.rank, n, step=step), key=key, algorithm="direct")
-            a.allreduce(rank_input(comm.rank, n, step=step), key=key + "-ring",
-                        algorithm="ring")
+    keys = (("w", "direct"), ("w-ring", "ring"))
+    for step in range(3):
+        for key, algorithm in keys:
+            a.allreduce(rank_input(comm.rank, n, step=step), key=key, algorithm=algorithm)
     # the state goes through a checkpoint file's format (pickle, never on the wire)
     saved = pickle.loads(pickle.dumps(a.state_dict()))
     b = make()
     b.load_state_dict(saved)
-    for step in range(4, 9):
-        for key, algorithm in (("w", "direct"), ("b", "direct"), ("w-ring", "ring")):
+    for step in range(3, 6):
+        for key, algorithm in keys:
             x = rank_input(comm.rank, n, step=step)
             ya = a.allreduce(x, key=key, algorithm=algorithm)
             yb = b.allreduce(x, key=key, algorithm=algorithm)
             np.testing.assert_array_equal(ya, yb)
-    for key in ("w", "b", "w-ring"):
+    for key, _ in keys:
         sa, sb = a.feedback.get(key), b.feedback.get(key)
         assert sa.step == sb.step
         assert sa.residuals.keys() == sb.residuals.keys()
