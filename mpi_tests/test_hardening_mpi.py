@@ -2,8 +2,8 @@
 
 * error feedback conserves mass over 200 steps for every registered codec x
   algorithm (allreduce on ring, tree, direct and allgather; reduce-scatter;
-  the allgather collective) at 3 and 4 ranks; other rank counts run a short
-  version;
+  the allgather collective) at 3 and 4 ranks (other sizes: the casts only;
+  test_codecs_collective.py runs 50 steps there);
 * residuals survive ``state_dict()``/``load_state_dict()`` exactly;
 * the non-finite policy holds for every codec: NaN propagates bitwise
   identically, ``check_finite=True`` raises everywhere, residuals are never
