@@ -17,6 +17,7 @@ a CUDA-aware MPI after a stream synchronisation, otherwise staged through
 pinned host buffers that are reused across calls.
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -128,17 +129,39 @@ class Channel:
     def _deadline(self):
         return None if self.timeout is None else time.monotonic() + self.timeout
 
+    def _abort(self, what):
+        message = (f"ccl: rank {self.rank} of {self.size} {what} in {self.activity}; a peer "
+                   "rank has probably died or called a different collective. Aborting the job.")
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+        self.comm.Abort(3)
+
     def _expired(self, deadline, what):
         if deadline is not None and time.monotonic() > deadline:
-            message = (f"ccl: rank {self.rank} of {self.size} timed out after {self.timeout:g} s "
-                       f"in {self.activity}, waiting for {what}; a peer rank has probably died "
-                       "or called a different collective. Aborting the job.")
-            sys.stderr.write(message + "\n")
-            sys.stderr.flush()
-            self.comm.Abort(3)
+            self._abort(f"timed out after {self.timeout:g} s waiting for {what}")
+
+    @contextlib.contextmanager
+    def _reporting(self, what):
+        # A peer that died mid-transfer can make MPI fail instead of block (e.g. MPICH's
+        # shared-memory copy from a vanished process). The collective cannot be finished
+        # on any rank, so report it like a timeout instead of raising on this rank only
+        # while the others wait.
+        try:
+            yield
+        except MPI.Exception as exc:
+            # the class ("Other MPI error") and the innermost line of MPICH's error stack
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            error = MPI.Get_error_string(exc.Get_error_class())
+            if len(lines) > 1:
+                error = f"{error}: {lines[-1]}"
+            self._abort(f"got an MPI error waiting for {what} ({error})")
 
     def wait(self, request, what):
         """Wait for one request, polling against the deadline."""
+        with self._reporting(what):
+            self._wait(request, what)
+
+    def _wait(self, request, what):
         if self.timeout is None:
             request.Wait()
             return
@@ -157,6 +180,10 @@ class Channel:
 
     def recv(self, source, tag):
         """Receive a payload of any length from ``source``."""
+        with self._reporting(f"a message from rank {source}"):
+            return self._recv(source, tag)
+
+    def _recv(self, source, tag):
         status = MPI.Status()
         if self.timeout is None:
             message = self.comm.Mprobe(source, tag, status)

@@ -2,15 +2,19 @@
 
 Like numcodecs' ``tests/common.py``: round trips, config round trips, and the
 decoder-safety rule that any byte string decodes to a valid result or raises
-:class:`ccl.PayloadError`, never anything else.
+:class:`ccl.PayloadError`, never anything else (random bytes, truncations,
+bit flips, header edits; the property itself is ``ccl.tools.fuzz.check_decode``).
 """
 
+import dataclasses
 import json
 
 import numpy as np
+import pytest
 
-from ccl.codecs import HEADER_SIZE, CodecContext, get_codec
-from ccl.errors import PayloadError
+from ccl.codecs import FLAG_OVERFLOW, HEADER_SIZE, CodecContext, Header, get_codec
+from ccl.errors import CompressionOverflowError, PayloadError
+from ccl.tools.fuzz import check_decode, edit_header
 
 ODD_SIZES = (0, 1, 2, 3, 4, 5, 7, 8, 9, 31, 64, 127, 1000, 1031)
 
@@ -40,12 +44,17 @@ def check_roundtrip(codec, x, ctx=None, atol=None, rtol=None):
 
 
 def decode_or_payload_error(codec, payload, ctx=None):
-    """Decode ``payload``; anything but a valid result or PayloadError fails the test."""
-    try:
-        y = codec.decode(payload, ctx)
-    except PayloadError:
-        return None
-    assert isinstance(y, np.ndarray) and y.ndim == 1
+    """Decode ``payload``; anything but a valid result or PayloadError fails the test.
+
+    A payload flagged ``OVERFLOW`` (a bit flip can set the flag) is a valid
+    payload whose ``decode`` raises CompressionOverflowError by contract.
+    """
+    y = check_decode(codec, payload, ctx)
+    if y is not None:
+        try:
+            np.testing.assert_array_equal(codec.decode(payload, ctx), y)
+        except CompressionOverflowError:
+            assert Header.unpack(payload).flags & FLAG_OVERFLOW
     return y
 
 
@@ -70,6 +79,39 @@ def check_malformed(codec, x, ctx=None, rng=None, flips=200):
     bad = payload.copy()
     bad[HEADER_SIZE:] = rng.integers(0, 256, size=bad.size - HEADER_SIZE, dtype=np.uint8)
     decode_or_payload_error(codec, bad, ctx)
+
+
+def check_header_edits(codec, x, ctx=None):
+    """Every header field of a valid payload set to boundary and off-by-one values.
+
+    Each edit gives a result or PayloadError; edits that make the header
+    invalid for this codec (magic, version, wire id, config hash, body length,
+    unknown flags or dtype codes, zero contributors) must be rejected.
+    """
+    payload = codec.encode(x, ctx)
+    header = Header.unpack(payload)
+    must_reject = {"magic": [b"\x00\x00", b"\x1d\xcc"], "version": [0, 2, 255],
+                   "wire_id": [0, codec.wire_id ^ 1, 255],
+                   "config_hash": [header.config_hash ^ 1, 0 if header.config_hash else 1],
+                   "body_len": [header.body_len + 1, header.body_len - 1, 2**63, 2**64 - 1],
+                   "flags": [4, 128, 255], "dtype": [3, 255], "contributors": [0]}
+    for field, values in must_reject.items():
+        for value in values:
+            bad = edit_header(payload, field, value)
+            if bad.tobytes() == payload.tobytes():
+                continue  # e.g. a body length of -1 for an empty body wraps to 2^64 - 1 above
+            with pytest.raises(PayloadError):
+                codec.decode_with_header(bad, ctx)
+    maybe = {"n": [0, 1, header.n - 1, header.n + 1, 2 * header.n + 1, 2**32, 2**40, 2**64 - 1],
+             "contributors": [2, 3, 2**31, 2**32 - 1], "flags": [0, 1, 2, 3],
+             "dtype": [0, 1, 2], "reserved": [1, 2**16 - 1]}
+    for field, values in maybe.items():
+        for value in values:
+            decode_or_payload_error(codec, edit_header(payload, field, value), ctx)
+            # as inside a collective, which knows the count it expects
+            decode_or_payload_error(codec, edit_header(payload, field, value),
+                                    CodecContext(n=header.n) if ctx is None
+                                    else dataclasses.replace(ctx, n=header.n))
 
 
 def check_random_bytes(codec, data, ctx=None):

@@ -56,8 +56,10 @@ FLAG_NONFINITE = 1
 FLAG_OVERFLOW = 2
 _KNOWN_FLAGS = FLAG_NONFINITE | FLAG_OVERFLOW
 # A header-only (flagged) payload cannot prove its element count by its size;
-# without an expected count (CodecContext.n) larger claims are refused.
-MAX_UNCHECKED_ELEMENTS = 1 << 32
+# without an expected count (CodecContext.n) larger claims are refused. The bound
+# caps what a few bytes can make a decoder allocate (512 MiB of float64; at 2^32
+# a 32-byte payload asked for 32 GiB).
+MAX_UNCHECKED_ELEMENTS = 1 << 26
 
 # magic, version, wire id, flags, dtype code, reserved, contributors,
 # config hash, element count, body length
