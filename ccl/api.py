@@ -499,7 +499,7 @@ class Communicator:
         Ring and direct cut every chunk into segments of about this many
         payload (wire) bytes and overlap the encoding and decoding of one
         segment with the transfer of others (pipelining; see
-        :func:`ccl.collectives.base.segment_count`). 0: one segment per
+        ``ccl.collectives.base.segment_count``). 0: one segment per
         chunk, no overlap. ``None``: ``CCL_SEGMENT_BYTES``, else 1 MiB.
     link_gbps : float, "probe" or None
         Link speed in Gbit/s for ``algorithm="auto"``'s cost model (see

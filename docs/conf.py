@@ -7,7 +7,6 @@ block (pages and docstrings) with the doctest builder.
 """
 
 import os
-import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -67,19 +66,3 @@ nitpick_ignore_regex = [
 html_theme = "alabaster"
 html_title = f"ccl {release}"
 html_static_path = []
-
-# Pages written by work that lands separately: listed in index.md, dropped from the
-# toctree while their file does not exist, so the build never has a dangling entry.
-OPTIONAL_PAGES = ("gpu", "reliability")
-
-
-def _drop_missing_optional_pages(app, docname, source):
-    if docname != root_doc:
-        return
-    for page in OPTIONAL_PAGES:
-        if not os.path.exists(os.path.join(HERE, page + ".md")):
-            source[0] = re.sub(rf"^{page}\n", "", source[0], flags=re.MULTILINE)
-
-
-def setup(app):
-    app.connect("source-read", _drop_missing_optional_pages)

@@ -558,7 +558,8 @@ def _torch_section(args, tmp, log, img_dir):
     rows = out["rows"]
     seeds = rows[0].get("seeds", [rows[0].get("seed")])
     text = ("The same MLP, data shards and initial weights trained with "
-            "`ccl.torch.DistributedOptimizer` (one codec per row, error feedback on) and with "
+            "`ccl.torch.DistributedOptimizer` (one codec per row with the algorithm that "
+            "fits it, error feedback on) and with "
             "`torch.nn.parallel.DistributedDataParallel` on gloo (no hook, "
             "`fp16_compress_hook`, `powerSGD_hook`), in one run: SGD with momentum 0.9 and a "
             f"cosine learning-rate schedule, once per seed ({', '.join(map(str, seeds))}; the "

@@ -116,7 +116,7 @@ def probe_link_gbps(comm, nbytes=1 << 22, reps=3):
 def bits_per_value(codec):
     """Expected payload bits per input value (an upper estimate where it depends on the data).
 
-    Sizes pipeline segments (:func:`ccl.collectives.base.segment_count`) and the
+    Sizes pipeline segments (``ccl.collectives.base.segment_count``) and the
     wire time in :func:`estimate`; both only need a rough figure.
     """
     cid = codec.codec_id
