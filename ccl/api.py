@@ -55,9 +55,27 @@ class _Request:
         self.op, self.requested = op, algorithm
         self.nonfinite = False
         try:
+            # the knobs' environment fallbacks may be bad on some ranks only: raised after
+            # the agreement like any other argument error, so no rank is left waiting
+            self.segment_bytes, self.link_gbps = _knobs(segment_bytes, link_gbps)
             self._validate(x, codec, op, algorithm, check_finite, size)
         except (TypeError, ValueError) as exc:
             self.error = exc
+
+    def probe_link(self, channel, size):
+        """Measure the link speed if ``auto`` needs it; resolve ``auto`` again with it.
+
+        Called after the agreement: every rank then asked for the probe alike (the
+        setting is in the signature), so the measurement is a collective they all
+        join. Measured once per channel.
+        """
+        if self.link_gbps != "probe":
+            return
+        speed = getattr(channel, "probed_link_gbps", None)
+        if speed is None:
+            speed = channel.probed_link_gbps = collectives.auto.probe_link_gbps(channel.comm)
+        self.link_gbps = speed
+        self.algorithm = self._resolve(self.requested, size)
 
     def _validate(self, x, codec, op, algorithm, check_finite, size):
         self.codec = get_codec(codec)
@@ -220,15 +238,13 @@ def _run(channel, feedback, collective, x, codec, op, algorithm, key, check_fini
          partition_bytes=None, min_compress_bytes=None, segment_bytes=None, link_gbps=None):
     """Validate, agree, run the algorithm and finish the result, on every rank alike."""
     timeout = default_timeout() if timeout is None else timeout
-    segment_bytes, link_gbps = _knobs(segment_bytes, link_gbps)
-    if link_gbps == "probe":  # measured once per channel, by every rank alike
-        link_gbps = channel.probed_link_gbps = getattr(channel, "probed_link_gbps", None) \
-            or collectives.auto.probe_link_gbps(channel.comm)
     tag = channel.begin(f"{collective}(key={key!r})", timeout)
     try:
         request = _Request(collective, x, codec, op, algorithm, check_finite, channel.size,
                            partition_bytes, min_compress_bytes, segment_bytes, link_gbps)
         _agree(channel, request)
+        request.probe_link(channel, channel.size)
+        segment_bytes = request.segment_bytes
         channel.use_backend(request.backend)  # device payloads: CUDA-aware MPI or staging
         codec, flat, algo, p = request.codec, request.flat, request.algorithm, channel.size
         channel.activity = (f"{collective}(key={key!r}, codec={codec.codec_id!r}, "

@@ -309,3 +309,26 @@ def test_bench_main_prints_progress_and_writes_json(comm, tmp_path, capsys):
             rows = json.load(f)
         assert [bench.algorithm_label(r) for r in rows] == \
             ["mpi", "direct /unpipelined", "direct /seg 64B"]
+
+
+@pytest.mark.mpi
+def test_probe_from_the_environment_runs_after_the_agreement(comm, monkeypatch):
+    from ccl.transport import channel
+
+    x = rank_input(comm.rank, 1 << 17)  # 512 KB per rank: auto needs the link speed
+    monkeypatch.setenv("CCL_LINK_GBPS", "probe")
+    y = ccl.compressed_allreduce(x, "onebit", comm=comm)
+    assert_same_on_all_ranks(comm, y)
+    speeds = comm.allgather(channel(comm).probed_link_gbps)
+    assert speeds == [speeds[0]] * comm.size and speeds[0] > 0
+    # some ranks probe, others were given a speed: every rank raises, none waits in a probe
+    if comm.size > 1:
+        monkeypatch.setenv("CCL_LINK_GBPS", "probe" if comm.rank == 0 else "1")
+        with pytest.raises(ccl.MismatchError):
+            ccl.compressed_allreduce(x, "onebit", comm=comm)
+        # a bad setting on one rank: its ValueError there, MismatchError elsewhere
+        monkeypatch.setenv("CCL_LINK_GBPS", "fast" if comm.rank == 0 else "1")
+        with pytest.raises(ValueError if comm.rank == 0 else ccl.MismatchError):
+            ccl.compressed_allreduce(x, "onebit", comm=comm)
+    monkeypatch.setenv("CCL_LINK_GBPS", "1")
+    assert_same_on_all_ranks(comm, ccl.compressed_allreduce(x, "onebit", comm=comm))
