@@ -181,11 +181,11 @@ def _agree(channel, request):
                              f"{request.collective} (check_finite=True)")
 
 
-def _shared_parameters(call, flat, parts):
+def _shared_parameters(call, flat):
     """Agree on the codec's shared statistics (one small MAX allreduce), if it has any."""
     if type(call.codec).shared_stats is Codec.shared_stats:
         return
-    stats = call.shared_stats(flat, parts)
+    stats = call.shared_stats(flat)
     lengths = [s.size for s in stats]
     local = np.concatenate(stats) if stats else np.empty(0)
     # MAX with a NaN operand depends on the reduction order, so ranks could agree on
@@ -303,7 +303,7 @@ def _dispatch(channel, collective, codec, flat, algo, key, state, step, tag, off
             if algo in collectives.CHUNKED else 1)
         call = collectives.Call(channel, codec, flat.size, parts, tag, step, key, state, offset,
                                 chunk_base, segments)
-        _shared_parameters(call, flat, parts)
+        _shared_parameters(call, flat)
         module = collectives.ALGORITHMS[algo]
         if collective == "allreduce":
             result = module.allreduce(call, flat)

@@ -215,9 +215,9 @@ class Call:
         if exact is None:
             parts = [self.decode_result(payload, u) for payload, u in zip(owned, units)]
             return array_module(parts[0]).concatenate(parts)
-        start = self.bounds[units[0]]
+        start, isfinite = self.bounds[units[0]], array_module(exact).isfinite
         for u in units:
-            if not array_module(exact).isfinite(exact[self.bounds[u] - start:self.bounds[u + 1] - start]).all():
+            if not isfinite(exact[self.bounds[u] - start:self.bounds[u + 1] - start]).all():
                 self.mark_nonfinite(u)
         return exact
 
@@ -235,12 +235,8 @@ class Call:
         """Homomorphic sum of two payloads of unit ``j``."""
         return self.codec.add(a, b, self.context(j))
 
-    def shared_stats(self, x, parts=None):
-        """This rank's :meth:`Codec.shared_stats` of every unit's worker input, in unit order.
-
-        ``parts`` is ignored (kept for callers that pass the chunk count); there
-        is one entry per unit.
-        """
+    def shared_stats(self, x):
+        """This rank's :meth:`Codec.shared_stats` of every unit's worker input, in unit order."""
         stats = []
         for j in range(len(self.bounds) - 1):
             values = self.unit(x, j)
