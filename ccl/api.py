@@ -16,7 +16,10 @@ import numpy as np
 from mpi4py import MPI
 
 from . import collectives
-from .codecs.base import FLAG_OVERFLOW, Codec, all_finite, get_codec
+from .codecs.base import Codec
+from .codecs.context import all_finite
+from .codecs.header import FLAG_OVERFLOW
+from .codecs.registry import get_codec
 from ._xp import backend_of
 from .errors import CompressionOverflowError, MismatchError, NonFiniteError
 from .feedback import ErrorFeedback

@@ -39,7 +39,8 @@ WITH_EXAMPLE = ALWAYS | {"EX01"}
 TORCH_MODULES = ["ccl.torch.runtime", "ccl.torch.functions", "ccl.torch.optimizer"]
 DOCTEST_MODULES = [
     "ccl", "ccl.api", "ccl.errors", "ccl.feedback", "ccl.launch",
-    "ccl.codecs.base", "ccl.codecs.casts", "ccl.codecs.threelc", "ccl.codecs.thc",
+    "ccl.codecs.base", "ccl.codecs.header", "ccl.codecs.context", "ccl.codecs.registry",
+    "ccl.codecs.casts", "ccl.codecs.threelc", "ccl.codecs.thc",
     "ccl.codecs.sparse", "ccl.codecs.randomk", "ccl.codecs.onebit", "ccl.codecs.dithering",
     "ccl.collectives.auto",
 ] + TORCH_MODULES

@@ -5,8 +5,10 @@ Use :func:`get_codec` to build one by id (``"none"``, ``"fp16"``, ``"bf16"``,
 decorate with :func:`register_codec` to add one.
 """
 
-from .base import (CodecContext, Codec, Header, HEADER_SIZE, FLAG_NONFINITE, FLAG_OVERFLOW,
-                   get_codec, register_codec, registered_codecs)
+from .base import Codec
+from .context import CodecContext
+from .header import FLAG_NONFINITE, FLAG_OVERFLOW, HEADER_SIZE, Header
+from .registry import get_codec, register_codec, registered_codecs
 from .casts import BF16Codec, FP16Codec, NoneCodec
 from .dithering import DitheringCodec
 from .onebit import OneBitCodec

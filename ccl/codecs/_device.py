@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import PayloadError
 from . import _cuda_kernels as K
 from . import casts, dithering, onebit, randomk, sparse, thc, threelc
-from .base import FLAG_NONFINITE, FLAG_OVERFLOW, HEADER_SIZE, Header
+from .header import FLAG_NONFINITE, FLAG_OVERFLOW, HEADER_SIZE, Header
 
 __all__ = ["encode", "decode", "add", "pack", "IMPLEMENTATIONS", "SPARSE"]
 

@@ -11,7 +11,9 @@ import numpy as np
 
 from .._jit import njit
 from ..errors import PayloadError
-from .base import FLAG_OVERFLOW, Codec, register_codec
+from .base import Codec
+from .header import FLAG_OVERFLOW
+from .registry import register_codec
 
 __all__ = ["NoneCodec", "FP16Codec", "BF16Codec"]
 

@@ -30,7 +30,9 @@ import numpy as np
 from .._jit import njit, prange
 from ..errors import PayloadError
 from ._shared_kernels import f32_round_up, sized_kernel, stream64
-from .base import FLAG_OVERFLOW, Codec, register_codec
+from .base import Codec
+from .header import FLAG_OVERFLOW
+from .registry import register_codec
 
 __all__ = ["DitheringCodec"]
 

@@ -24,7 +24,9 @@ import numpy as np
 from .._jit import njit, prange
 from ..errors import PayloadError
 from ._shared_kernels import sized_kernel
-from .base import FLAG_OVERFLOW, Codec, register_codec
+from .base import Codec
+from .header import FLAG_OVERFLOW
+from .registry import register_codec
 
 __all__ = ["OneBitCodec"]
 

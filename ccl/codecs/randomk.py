@@ -30,7 +30,9 @@ import numpy as np
 from .._jit import njit, prange
 from ..errors import PayloadError
 from ._shared_kernels import sized_kernel, stream64, uniform_below
-from .base import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS, Codec, register_codec
+from .base import Codec
+from .header import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS
+from .registry import register_codec
 
 __all__ = ["RandomKCodec", "randomk_indices"]
 

@@ -34,7 +34,9 @@ import numpy as np
 from .._xp import backend_of
 from ..errors import PayloadError
 from . import _sparse_kernels as K
-from .base import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS, Codec, register_codec
+from .base import Codec
+from .header import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS
+from .registry import register_codec
 
 __all__ = ["SIDCoCodec", "TopKCodec", "DGCCodec", "exp_threshold", "gpareto_threshold",
            "gamma_threshold"]

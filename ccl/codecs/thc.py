@@ -30,7 +30,9 @@ from .._xp import backend_of
 from ..errors import PayloadError
 from . import _thc_kernels as _k
 from ._thc_tables import GRID_POINTS, MAX_G, clamp_t, kernel_tables, receiver_table
-from .base import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS, Codec, register_codec
+from .base import Codec
+from .header import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS
+from .registry import register_codec
 
 __all__ = ["THCCodec"]
 

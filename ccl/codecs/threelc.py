@@ -18,7 +18,9 @@ import numpy as np
 
 from ..errors import PayloadError
 from . import _threelc_kernels as K
-from .base import FLAG_OVERFLOW, Codec, register_codec
+from .base import Codec
+from .header import FLAG_OVERFLOW
+from .registry import register_codec
 
 __all__ = ["ThreeLCCodec", "scale_for", "quartic_encode", "quartic_decode", "zre_encode",
            "zre_decode"]

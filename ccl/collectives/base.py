@@ -15,7 +15,8 @@ import os
 import numpy as np
 
 from .._xp import array_module
-from ..codecs.base import FLAG_NONFINITE, CodecContext
+from ..codecs.context import CodecContext
+from ..codecs.header import FLAG_NONFINITE
 
 __all__ = ["Call", "SendQueue", "WORKER", "RELAY", "OWNER", "chunk_bounds", "segment_count",
            "DEFAULT_SEGMENT_BYTES", "SEGMENT_ID_STRIDE", "default_segment_bytes"]
