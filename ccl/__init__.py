@@ -5,16 +5,18 @@
 ['CCLError', 'Communicator', 'CompressionOverflowError']
 """
 
-from . import codecs
+from . import codecs, config
 from .api import Communicator, allgather, compressed_allreduce, reduce_scatter
 from .errors import (CCLError, CompressionOverflowError, LaunchError, MismatchError,
                      NonFiniteError, PayloadError)
 
 __version__ = "0.1.0"
 
+config.warn_unknown()  # a misspelt CCL_* variable would otherwise be ignored silently
+
 __all__ = [
     "compressed_allreduce", "reduce_scatter", "allgather", "Communicator", "codecs",
-    "warmup", "CCLError", "PayloadError", "MismatchError", "NonFiniteError",
+    "warmup", "config", "CCLError", "PayloadError", "MismatchError", "NonFiniteError",
     "CompressionOverflowError", "LaunchError", "__version__",
 ]
 

@@ -7,9 +7,9 @@ scripts point ``NUMBA_CACHE_DIR`` at node-local storage and warm it once
 with :func:`ccl.warmup` before launching many ranks.
 """
 
-import os
-
 import numba
+
+from . import config
 
 __all__ = ["njit", "prange", "cache_enabled"]
 
@@ -18,7 +18,7 @@ prange = numba.prange
 
 def cache_enabled():
     """Return whether compiled kernels are cached on disk (``CCL_NUMBA_CACHE=1``)."""
-    return os.environ.get("CCL_NUMBA_CACHE", "0").strip().lower() in ("1", "true", "yes", "on")
+    return bool(config.read("CCL_NUMBA_CACHE"))
 
 
 def njit(func=None, **options):

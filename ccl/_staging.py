@@ -18,6 +18,8 @@ import os
 
 import numpy as np
 
+from . import config
+
 __all__ = ["PinnedPool", "Stager", "cuda_aware", "detect_cuda_aware"]
 
 _MIN_CLASS = 1 << 12  # 4 KiB: smaller payloads share one class
@@ -174,7 +176,7 @@ def _memory_kinds():
 def detect_cuda_aware(environ=None, query=None, memory_kinds=None):
     """Whether the MPI library can send and receive device memory.
 
-    The order, from the most to the least reliable (ecosystem-notes §4):
+    The order, from the most to the least reliable (docs/gpu.md):
 
     1. ``CCL_CUDA_AWARE=0|1``, the user's override;
     2. the MPI 4.1 ``mpi_memory_alloc_kinds`` info key listing a ``cuda`` kind;
@@ -196,13 +198,9 @@ def detect_cuda_aware(environ=None, query=None, memory_kinds=None):
         If ``CCL_CUDA_AWARE`` is set to something other than 0 or 1.
     """
     env = os.environ if environ is None else environ
-    override = env.get("CCL_CUDA_AWARE", "").strip().lower()
-    if override:
-        if override in ("1", "true", "yes", "on"):
-            return True
-        if override in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"CCL_CUDA_AWARE must be 0 or 1, got {override!r}")
+    override = config.read("CCL_CUDA_AWARE", env)
+    if override is not None:
+        return override
     kinds = (_memory_kinds if memory_kinds is None else memory_kinds)()
     if "cuda" in kinds.lower():
         return True

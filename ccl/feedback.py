@@ -82,6 +82,11 @@ class ErrorFeedback:
         """The :class:`KeyState` of ``key`` or None."""
         return self._keys.get(key)
 
+    def step(self, key):
+        """Collectives completed with ``key`` (0 for a new key)."""
+        state = self._keys.get(key)
+        return 0 if state is None else state.step
+
     def begin(self, key, layout, x):
         """Return the key's state for a collective with ``layout`` on working input ``x``.
 

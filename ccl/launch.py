@@ -36,6 +36,7 @@ runs it before measuring anything.
 
 import os
 
+from . import config
 from .errors import LaunchError
 
 __all__ = ["launcher_world_size", "check_launch", "node_local_rank"]
@@ -48,8 +49,6 @@ LAUNCH_VARIABLES = (
     ("MV2_COMM_WORLD_SIZE", "MVAPICH's mpirun_rsh"),
     ("SLURM_STEP_NUM_TASKS", "srun"),
 )
-
-_TRUE = ("1", "true", "yes", "on")
 
 
 def launcher_world_size(environ=None):
@@ -140,7 +139,7 @@ def check_launch(world_size=None, environ=None):
     ccl.errors.LaunchError: MPI.COMM_WORLD has 1 rank, but SLURM_STEP_NUM_TASKS=4 ...
     """
     env = os.environ if environ is None else environ
-    if str(env.get("CCL_SKIP_LAUNCH_CHECK", "")).strip().lower() in _TRUE:
+    if config.read("CCL_SKIP_LAUNCH_CHECK", env):
         return
     expected, variable = launcher_world_size(env)
     if expected is None or expected == 1:

@@ -18,8 +18,9 @@ pinned host buffers that are reused across calls.
 """
 
 import contextlib
-import os
+import math
 import sys
+import threading
 import time
 
 import numpy as np
@@ -28,23 +29,13 @@ from mpi4py import MPI
 from ._staging import Stager, cuda_aware
 from .launch import check_launch
 
-__all__ = ["Channel", "channel", "default_timeout"]
+__all__ = ["Channel", "channel", "comm_cache"]
 
 _BYTE = MPI.BYTE
 _KEYVAL = None
 _LAUNCH_CHECKED = False  # ccl.launch.check_launch passed once in this process
-
-
-def default_timeout():
-    """Seconds from ``CCL_TIMEOUT`` (unset, empty or 0 means wait forever)."""
-    value = os.environ.get("CCL_TIMEOUT", "").strip()
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"CCL_TIMEOUT must be a number of seconds, got {value!r}") from None
-    return seconds if seconds > 0 else None
+# Guards the creation of the per-communicator caches (no MPI calls under it).
+_CACHE_LOCK = threading.Lock()
 
 
 class Channel:
@@ -57,19 +48,26 @@ class Channel:
     calls : int
         Collectives started on it (the step of keyless calls; agrees on every
         rank because every rank calls collectives in the same order).
-    feedback : ccl.feedback.ErrorFeedback
-        Error-feedback state of ``compressed_allreduce(..., key=...)`` calls.
+    bytes_sent : int
+        Payload bytes this rank put on the wire (see each method).
+    probed_link_gbps : float or None
+        The link speed measured for ``auto`` (None until it is measured).
+
+    One collective runs on a channel at a time: :meth:`begin` takes the
+    channel's lock and :meth:`end` releases it, so collectives of two threads
+    on one communicator never interleave their messages. (Their *order* may
+    still differ between ranks; the agreement names the calling thread, so
+    such a pairing raises instead of mixing data: see docs/reliability.md.)
     """
 
     def __init__(self, comm):
-        from .feedback import ErrorFeedback  # late import: feedback imports nothing from here
-
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.calls = 0
-        self.bytes_sent = 0  # payload bytes this rank put on the wire (see each method)
-        self.feedback = ErrorFeedback()
+        self.bytes_sent = 0
+        self.probed_link_gbps = None  # measured once, when auto first needs it
+        self._lock = threading.Lock()
         self._tag_ub = max(int(self.comm.Get_attr(MPI.TAG_UB) or 32767), 32767)
         self._tag = 0
         # what the current collective is, for timeout reports
@@ -86,7 +84,12 @@ class Channel:
 
     # ----------------------------------------------------------------- calls
     def begin(self, activity, timeout):
-        """Start a collective: return its tag (distinct from the previous calls')."""
+        """Start a collective: take the channel and return the call's tag.
+
+        ``timeout`` is in seconds (None or ``math.inf``: wait forever). Every
+        :meth:`begin` must be followed by :meth:`end`.
+        """
+        self._lock.acquire()
         self.calls += 1
         self._tag = (self._tag + 1) % self._tag_ub
         self.activity = activity
@@ -94,11 +97,14 @@ class Channel:
         return self._tag
 
     def end(self):
-        """Mark the current collective finished (its staging buffers become free)."""
+        """Finish the current collective: its staging buffers become free, the channel too."""
         self.activity = "idle"
-        if self._stager is not None:
-            self._stager.release_all()
-        self._stager = None
+        try:
+            if self._stager is not None:
+                self._stager.release_all()
+        finally:
+            self._stager = None
+            self._lock.release()
 
     def use_backend(self, backend, aware=None):
         """Route this collective's payloads for ``backend``'s arrays (host or device).
@@ -127,7 +133,9 @@ class Channel:
 
     # ------------------------------------------------------------------ waits
     def _deadline(self):
-        return None if self.timeout is None else time.monotonic() + self.timeout
+        if self.timeout is None or math.isinf(self.timeout):
+            return None
+        return time.monotonic() + self.timeout
 
     def _abort(self, what):
         message = (f"ccl: rank {self.rank} of {self.size} {what} in {self.activity}; a peer "
@@ -162,10 +170,10 @@ class Channel:
             self._wait(request, what)
 
     def _wait(self, request, what):
-        if self.timeout is None:
+        deadline = self._deadline()
+        if deadline is None:
             request.Wait()
             return
-        deadline = self._deadline()
         pause = 1e-5
         while not request.Test():
             self._expired(deadline, what)
@@ -185,10 +193,10 @@ class Channel:
 
     def _recv(self, source, tag):
         status = MPI.Status()
-        if self.timeout is None:
+        deadline = self._deadline()
+        if deadline is None:
             message = self.comm.Mprobe(source, tag, status)
         else:
-            deadline = self._deadline()
             pause = 1e-5
             while True:
                 message = self.comm.Improbe(source, tag, status)
@@ -225,14 +233,6 @@ class Channel:
                   "payloads from every rank")
         recvbuf = self._landed(recvbuf)
         return [recvbuf[displs[i]:displs[i] + sizes[i]] for i in range(self.size)]
-
-    def allgather_array(self, values):
-        """Allgather a small fixed-size int64 array; returns shape ``(size, len(values))``."""
-        values = np.ascontiguousarray(values, dtype=np.int64)
-        out = np.empty((self.size, values.size), dtype=np.int64)
-        self.wait(self.comm.Iallgather([values, MPI.INT64_T], [out, MPI.INT64_T]),
-                  "the argument check from every rank")
-        return out
 
     def allreduce_max(self, values):
         """Element-wise MAX of a small float64 array over all ranks."""
@@ -276,11 +276,40 @@ class Channel:
         return out
 
 
-def _delete_channel(comm, keyval, attr):
-    try:
-        attr.free()
-    except Exception:  # pragma: no cover - the MPI library may be finalizing
-        pass
+def _delete_cache(comm, keyval, cache):
+    for value in cache.values():
+        try:
+            free = getattr(value, "free", None)
+            if free is not None:
+                free()
+        except Exception:  # pragma: no cover - the MPI library may be finalizing
+            pass
+
+
+def comm_cache(comm):
+    """The dict ccl keeps on the user's communicator ``comm`` (freed with it).
+
+    Holds the :class:`Channel` under ``"channel"`` and whatever else ccl keeps
+    per communicator (the module-level functions' error-feedback state).
+    Values with a ``free()`` method are freed when ``comm`` is.
+    """
+    global _KEYVAL
+    with _CACHE_LOCK:
+        if _KEYVAL is None:
+            _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_cache)
+        cache = comm.Get_attr(_KEYVAL)
+        if cache is None:
+            cache = _Cache()
+            comm.Set_attr(_KEYVAL, cache)
+        return cache
+
+
+class _Cache(dict):
+    """What ccl keeps on one communicator, with a lock for creating its entries."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
 
 
 def channel(comm):
@@ -298,7 +327,7 @@ def channel(comm):
     ccl.LaunchError
         On the silent-singleton trap (see :mod:`ccl.launch`).
     """
-    global _KEYVAL, _LAUNCH_CHECKED
+    global _LAUNCH_CHECKED
     if not _LAUNCH_CHECKED:
         check_launch()
         _LAUNCH_CHECKED = True
@@ -307,10 +336,11 @@ def channel(comm):
                         f"got {type(comm).__name__}")
     if comm == MPI.COMM_NULL:
         raise ValueError("comm is MPI.COMM_NULL")
-    if _KEYVAL is None:
-        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_channel)
-    ch = comm.Get_attr(_KEYVAL)
-    if ch is None:
-        ch = Channel(comm)
-        comm.Set_attr(_KEYVAL, ch)
+    cache = comm_cache(comm)
+    # Creating the channel duplicates ``comm`` (a collective): two threads doing it at
+    # once would run two Dups concurrently on one communicator, which MPI forbids.
+    with cache.lock:
+        ch = cache.get("channel")
+        if ch is None:
+            ch = cache["channel"] = Channel(comm)
     return ch

@@ -58,6 +58,7 @@ class StepQuantCodec(Codec):
 
     codec_id = "test-stepquant"
     wire_id = 250
+    bits_per_value = 8.0  # an int8 per value (the scale is negligible)
 
     def __init__(self, levels=3):
         self.levels = int(levels)

@@ -164,7 +164,7 @@ def test_decode_reencode_variant_is_thc_but_not_homomorphic():
         assert type(variant) is not type(thc) and isinstance(variant, type(thc))
         assert not variant.homomorphic and thc.homomorphic
         assert variant.codec_id == "thc" and variant.get_config() == thc.get_config()
-        assert accuracy._agrees(variant) is agreed
+        assert accuracy.agrees(variant) is agreed
         # the same payloads: the wire format is unchanged
         x = rank_input(0, 3000)
         np.testing.assert_array_equal(variant.encode(x), thc.encode(x))

@@ -17,7 +17,7 @@ from ccl.codecs.thc import BODY_HEADER_SIZE, KIND_LANES, THCCodec, lane_bytes
 from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
     check_roundtrip
 
-# Reference 4-bit tables of the authors' BytePS fork (codec-specs §2.1): (g, p) -> R
+# Reference 4-bit tables of the authors' BytePS fork (docs/codecs/thc.md): (g, p) -> R
 REFERENCE_TABLES = {
     (30, 1 / 32): [0, 3, 5, 7, 9, 11, 13, 14, 16, 17, 19, 21, 23, 25, 27, 30],
     (30, 1 / 128): [0, 4, 6, 8, 10, 12, 13, 14, 16, 17, 18, 20, 22, 24, 26, 30],
@@ -73,7 +73,7 @@ def test_dp_regenerates_reference_tables(g, p):
 
 
 def test_dp_extra_reference_points():
-    # the 3-bit reference table (g = 16) and the default's rounding variance (codec-specs §2.2)
+    # the 3-bit reference table (g = 16) and the default's rounding variance (docs/codecs/thc.md)
     assert receiver_table(3, 16, 1 / 32) == (0, 3, 5, 7, 9, 11, 13, 16)
     assert rounding_variance(receiver_table(4, 30, 1 / 32), 30, 1 / 32) == \
         pytest.approx(0.0135, abs=5e-5)

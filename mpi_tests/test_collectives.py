@@ -1,4 +1,4 @@
-"""Semantics of the collectives (design.md), at every rank count the suite runs at.
+"""Semantics of the collectives (docs/architecture.md), at every rank count the suite runs at.
 
 Every rank rebuilds every other rank's input from a seed (``rank_input``), so
 the exact float64 reference needs no communication.
@@ -21,7 +21,7 @@ TOLERANCE = {"none": 2e-6, "fp16": 4e-3, "bf16": 3e-2}
 
 
 def sizes(p):
-    """Element counts from design.md: 0, 1, p-1, p, p+1, a prime near 1e5, 2^20+3."""
+    """Element counts that break chunking: 0, 1, p-1, p, p+1, a prime near 1e5, 2^20+3."""
     return sorted({0, 1, max(p - 1, 0), p, p + 1, 99991, 2**20 + 3})
 
 

@@ -1,4 +1,4 @@
-"""Every registered codec's decoder against fuzzed payloads (issue #11, design.md §5).
+"""Every registered codec's decoder against fuzzed payloads (docs/reliability.md).
 
 Any byte string gives a valid result or ``ccl.PayloadError``: random bytes,
 truncations, single bit flips and header edits of valid payloads, for every

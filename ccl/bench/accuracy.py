@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ccl
-from ccl.codecs import Codec, get_codec, registered_codecs
+from ccl.codecs import get_codec, registered_codecs
 from ccl.transport import channel as _channel
 
 ALGORITHMS = ("ring", "tree", "direct", "allgather")
@@ -66,14 +66,14 @@ def decode_reencode(codec, stats="own"):
     attrs = {"homomorphic": False,
              "__doc__": f"{base.__name__} decoded and re-encoded at every relay."}
     if stats == "own":
-        attrs["shared_stats"] = Codec.shared_stats
+        attrs["shared_statistics"] = False
     variant = type(f"{base.__name__}DecodeReencode", (base,), attrs)
     return variant.from_config(codec.get_config())
 
 
-def _agrees(codec):
+def agrees(codec):
     """Whether the collectives agree on statistics for ``codec`` before encoding."""
-    return type(codec).shared_stats is not Codec.shared_stats
+    return codec.shared_statistics
 
 
 def measure(comm, specs, algorithms, n, steps, data="normal", reencode=None):
@@ -106,7 +106,7 @@ def measure(comm, specs, algorithms, n, steps, data="normal", reencode=None):
                 run_exact += step_exact
             running = float(np.linalg.norm(run - run_exact) / np.linalg.norm(run_exact))
             rows.append(dict(codec=codec.codec_id, config=codec.get_config(),
-                             homomorphic=codec.homomorphic, agreed_stats=_agrees(codec),
+                             homomorphic=codec.homomorphic, agreed_stats=agrees(codec),
                              algorithm=algorithm, ranks=comm.size, n=n, data=data,
                              single_error=single, running_error=running, steps=steps,
                              sent_bits_per_value=8 * sent / n, sent_bytes=sent))

@@ -30,9 +30,9 @@ from mpi4py import MPI
 import ccl
 from ccl.codecs import get_codec, registered_codecs
 from ccl.collectives import CHUNKED, chunk_bounds
-from ccl.collectives.auto import (bits_per_value, check_link_gbps, choose, default_link_gbps,
-                                  fitting, probe_link_gbps)
-from ccl.collectives.base import default_segment_bytes, segment_count
+from ccl import config
+from ccl.collectives.auto import choose, fitting, probe_link_gbps
+from ccl.collectives.base import DEFAULT_SEGMENT_BYTES, segment_count
 from ccl.transport import channel as _channel
 
 ALGORITHMS = ("ring", "tree", "direct", "allgather", "auto")
@@ -128,7 +128,9 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
     """
     rows = []
     ch = _channel(comm)
-    segments = list(segments) if segments else [default_segment_bytes()]
+    if not segments:
+        default = config.read("CCL_SEGMENT_BYTES")
+        segments = [DEFAULT_SEGMENT_BYTES if default is None else default]
     configs = _rows_to_run(codecs, algorithms, segments)
     total = len(sizes) * len(configs)
     done = 0
@@ -178,7 +180,7 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
             error = float(np.linalg.norm(y.astype(np.float64) - exact)) / norm
             codec_s = None
             if codec_bound and resolved != "mpi":
-                pieces = (p * segment_count(n, p, seg, bits_per_value(codec))
+                pieces = (p * segment_count(n, p, seg, codec.bits_per_value)
                           if resolved in CHUNKED else 1)
                 key = (codec.codec_id, codec.config_hash, pieces)
                 if key not in codec_times:
@@ -292,8 +294,8 @@ def main(argv=None):
                                                      else ["4KB", "256KB", "4MB", "64MB"]))]
     reps = args.reps or (3 if args.quick else 10)
     segments = ([_parse_size(s) for s in args.segment_bytes] if args.segment_bytes else None)
-    link = check_link_gbps(args.link_gbps.lower(), "--link-gbps") if args.link_gbps \
-        else default_link_gbps()
+    link = config.link_gbps(args.link_gbps, "--link-gbps") if args.link_gbps \
+        else config.read("CCL_LINK_GBPS")
     ccl.warmup([c.codec_id for c in codecs])
     rank0 = comm.rank == 0
     if link == "probe":

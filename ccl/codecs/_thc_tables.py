@@ -5,7 +5,7 @@ level ``r`` stands for the value ``v(r) = (r - g/2) * inc`` with
 ``inc = 2T/g``, so levels 0 and g are the clamp ``-T`` and ``+T`` (in units of
 ``max_norm/sqrt(D)``). The optimal table minimises the expected variance of
 unbiased rounding of a standard normal value on an ``S``-point grid over
-``[-T, T]`` (codec-specs §2.2); it is found by dynamic programming over "last
+``[-T, T]`` (docs/codecs/thc.md, "Tables"); it is found by dynamic programming over "last
 chosen level" on the left half and mirrored.
 
 Everything here works in *level units* ``u = y/inc + g/2``: grid point ``j``
@@ -116,7 +116,7 @@ def receiver_table(bits, g, p, table="optimal"):
     p : float
         Two-sided clamp probability (sets ``T``, hence the weights of the DP).
     table : {"optimal", "uniform"}
-        ``"optimal"``: the DP of codec-specs §2.2; ``"uniform"``: levels
+        ``"optimal"``: the dynamic programme above; ``"uniform"``: levels
         ``round(i*g/(q-1))`` (exact when ``q - 1`` divides ``g``).
 
     Returns
@@ -139,7 +139,7 @@ def rounding_variance(levels, g, p):
 
 @functools.lru_cache(maxsize=None)
 def sender_tables(levels, g):
-    """Return ``(xtab, ptab)``: the sender tables of codec-specs §2.2 on the ``S``-point grid.
+    """Return ``(xtab, ptab)``: the sender tables of THC on the ``S``-point grid.
 
     ``xtab[j]`` (uint8) is the largest ``i <= q - 2`` with ``R[i] <= u_j``;
     the encoder sends ``xtab[j] + 1`` with probability ``ptab[j]`` (float64)

@@ -69,6 +69,26 @@ class Codec:
     input_dtypes : tuple of numpy dtypes
         Accepted input dtypes; others raise ``TypeError``.
 
+    The *capabilities* below tell the collectives what to expect of a codec,
+    so no part of ccl outside the codec's own files needs to know its id.
+    A codec that states none of them gets the defaults, which are safe: no
+    compression assumed, so ``auto`` does not choose it where it cannot pay.
+
+    bits_per_value : float
+        Expected payload bits per input value for this configuration, in
+        steady state under error feedback on real gradients where that
+        depends on the data (``python -m ccl.bench steady``). ``auto``'s cost
+        model and the pipeline's segment sizes read it. Default 32.
+    encode_gbps, decode_gbps : float
+        Throughput of one core, GB/s of float32 input, as ``python -m
+        ccl.bench codecs`` measures it. Default 1.
+    shared_statistics : bool
+        Ranks agree on per-chunk statistics (:meth:`shared_stats`, reduced
+        with MAX) before encoding. Default False.
+    identity : bool
+        The codec sends values unchanged (``none``): nothing is compressed,
+        so ``auto`` hands it to the MPI library. Default False.
+
     Examples
     --------
     A toy codec that sends every value as float32 (it would need a free
@@ -96,6 +116,10 @@ class Codec:
     predivide_mean = False
     sparse = False
     input_dtypes = (np.dtype(np.float32), np.dtype(np.float64))
+    bits_per_value = 32.0
+    encode_gbps = decode_gbps = 1.0
+    shared_statistics = False
+    identity = False
 
     # ----------------------------------------------------------- configuration
     def get_config(self):

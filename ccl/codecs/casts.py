@@ -56,6 +56,8 @@ class NoneCodec(_CastCodec):
     codec_id = "none"
     wire_id = 1
     input_dtypes = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
+    identity = True
+    encode_gbps, decode_gbps = 5.35, 4.92
 
     def decoded_dtype(self, input_dtype):
         """The input's own dtype: values travel uncast.
@@ -139,6 +141,8 @@ class FP16Codec(_CastCodec):
     codec_id = "fp16"
     wire_id = 2
     predivide_mean = True
+    bits_per_value = 16.0
+    encode_gbps, decode_gbps = 2.13, 2.52
 
     def _encode(self, x, ctx):
         x32 = np.ascontiguousarray(x, dtype=np.float32)
@@ -186,6 +190,8 @@ class BF16Codec(_CastCodec):
     codec_id = "bf16"
     wire_id = 3
     predivide_mean = True
+    bits_per_value = 16.0
+    encode_gbps, decode_gbps = 5.50, 6.21
 
     def _encode(self, x, ctx):
         x32 = np.ascontiguousarray(x, dtype=np.float32)

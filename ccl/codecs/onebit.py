@@ -121,6 +121,8 @@ class OneBitCodec(Codec):
     wire_id = 10
     homomorphic = False
     error_feedback = True
+    bits_per_value = 1.1  # a bit per value, plus a scale per chunk
+    encode_gbps, decode_gbps = 5.32, 5.64
 
     def _encode(self, x, ctx):
         n = x.size

@@ -230,6 +230,11 @@ class _SparseCodec(Codec):
     error_feedback = True
     sparse = True
 
+    @property
+    def bits_per_value(self):
+        """Expected payload bits per value: a value and an index per kept element."""
+        return 64.0 * self.density if self.density is not None else 32.0
+
     def _select(self, x, ctx):
         raise NotImplementedError
 
@@ -376,6 +381,7 @@ class TopKCodec(_SparseCodec):
 
     codec_id = "topk"
     wire_id = 7
+    encode_gbps, decode_gbps = 0.57, 10.31
 
     def __init__(self, density=None, k=None):
         if density is not None and k is not None:
@@ -476,6 +482,7 @@ class SIDCoCodec(_SparseCodec):
 
     codec_id = "sidco"
     wire_id = 6
+    encode_gbps, decode_gbps = 6.11, 12.68
 
     def __init__(self, density=0.01, dist="exp", stages=1, adaptive=False):
         self.density = _check_density(density)
@@ -722,6 +729,7 @@ class DGCCodec(_SparseCodec):
 
     codec_id = "dgc"
     wire_id = 8
+    encode_gbps, decode_gbps = 3.46, 11.45
 
     def __init__(self, density=0.01, sample_ratio=0.01, seed=0):
         self.density = _check_density(density)

@@ -1,17 +1,19 @@
-"""Collective algorithms; each is one module with ``allreduce(call, x)``.
+"""Collective algorithms, and the planning that runs them.
 
-``ring``, ``tree``, ``direct`` and ``allgather`` are described in their
-modules; ``auto`` (in :mod:`ccl.collectives.auto`) picks one.
+Each algorithm is one module (``mpi``, ``ring``, ``tree``, ``direct``,
+``allgather``; see :mod:`ccl.collectives.algorithms`) written against
+:class:`~ccl.collectives.base.Call`; ``auto`` (:mod:`ccl.collectives.auto`)
+picks one. :func:`~ccl.collectives.plan.run` validates a call, agrees on it
+with the other ranks, splits it and dispatches the pieces;
+:class:`~ccl.collectives.options.Options` holds a call's options.
 """
 
-from . import allgather, auto, direct, ring, tree
+from . import auto
+from .algorithms import (ALGORITHM_NAMES, ALGORITHMS, CHUNKED, COLLECTIVES, OPS,
+                         REDUCE_SCATTER)
 from .base import Call, chunk_bounds
+from .options import Options
+from .plan import run
 
-#: name -> module; the module's ``allreduce(call, x)`` returns the sum.
-ALGORITHMS = {"ring": ring, "tree": tree, "direct": direct, "allgather": allgather}
-#: algorithms that split the input into one chunk per rank
-CHUNKED = frozenset({"ring", "direct"})
-#: algorithms that offer ``reduce_scatter(call, x)``
-REDUCE_SCATTER = frozenset({"ring", "direct"})
-
-__all__ = ["ALGORITHMS", "CHUNKED", "REDUCE_SCATTER", "Call", "chunk_bounds", "auto"]
+__all__ = ["ALGORITHMS", "ALGORITHM_NAMES", "CHUNKED", "COLLECTIVES", "OPS", "REDUCE_SCATTER",
+           "Call", "Options", "chunk_bounds", "run", "auto"]

@@ -12,7 +12,10 @@ from dataclasses import replace
 from .._xp import array_module
 from .base import WORKER
 
-__all__ = ["allreduce", "gather_blocks"]
+__all__ = ["allreduce", "gather_blocks", "CHUNKED"]
+
+#: The whole input is one chunk.
+CHUNKED = False
 
 
 def allreduce(call, x):

@@ -7,9 +7,9 @@ compares two estimates with a deliberately simple cost model (see
 - ``MPI_Allreduce``: a ring moves ``2 (p-1)/p · n`` bytes per rank, so it
   takes about ``2 (p-1)/p · n / B`` on links of ``B`` bytes per second;
 - a compressing algorithm: the compressed bytes on the same links plus the
-  codec's encode and decode time (one core's throughput from
-  :data:`CODEC_SPEEDS`, measured by ``python -m ccl.bench codecs`` and
-  rounded down), overlapped when the algorithm is pipelined.
+  codec's encode and decode time (the codec's own single-core throughput,
+  ``Codec.encode_gbps``/``decode_gbps``, scaled by
+  :data:`SPEED_IN_COLLECTIVE`), overlapped when the algorithm is pipelined.
 
 It compresses only when the estimate wins by :data:`MARGIN`. ``B`` is the
 link speed in Gbit/s, given by ``CCL_LINK_GBPS``, ``Communicator(link_gbps=)``
@@ -23,14 +23,12 @@ picks the same algorithm.
 """
 
 import math
-import os
 import time
 
 import numpy as np
 
-__all__ = ["choose", "fitting", "estimate", "probe_link_gbps", "default_link_gbps",
-           "check_link_gbps", "bits_per_value",
-           "CODEC_SPEEDS", "MIN_COMPRESS_BYTES", "TREE_MAX_BYTES", "MARGIN"]
+__all__ = ["choose", "fitting", "estimate", "needs_link", "probe_link_gbps",
+           "SPEED_IN_COLLECTIVE", "MIN_COMPRESS_BYTES", "TREE_MAX_BYTES", "MARGIN"]
 
 #: Below this many bytes per rank, latency dominates: send uncompressed with MPI.
 MIN_COMPRESS_BYTES = 65536
@@ -38,48 +36,15 @@ MIN_COMPRESS_BYTES = 65536
 TREE_MAX_BYTES = 1 << 20
 #: Compress only when the model says it is this many times faster than MPI_Allreduce.
 MARGIN = 1.25
-#: Encode and decode GB/s (of float32 input) of one core per codec id: the single-core
-#: figures of docs/benchmarks.md ("Codec throughput"), roughly halved, because in a
-#: collective the codec shares caches, memory bandwidth and often cores with the
-#: other ranks and the MPI library. Codecs not listed count as 1 GB/s both ways.
-CODEC_SPEEDS = {
-    "none": (2.5, 2.5), "fp16": (1.0, 1.2), "bf16": (2.5, 3.0), "3lc": (3.5, 2.5),
-    "onebit": (2.5, 2.5), "thc": (0.5, 0.7), "dithering": (1.4, 3.5),
-    "randomk": (5.0, 3.0), "sidco": (3.0, 6.0), "dgc": (1.7, 5.0), "topk": (0.3, 5.0),
-}
+#: A codec's single-core speeds (``Codec.encode_gbps``/``decode_gbps``) are scaled by
+#: this inside a collective: the codec shares caches, memory bandwidth and often cores
+#: with the other ranks and the MPI library.
+SPEED_IN_COLLECTIVE = 0.5
 #: Fixed cost of one compressed call (argument check, Python, a few messages), seconds.
 CALL_OVERHEAD_S = 2e-3
 #: Codec time relative to the estimate above when every rank does not have a core to
 #: itself; the model assumes the worst case it is benchmarked on (2 ranks per core).
 CPU_SHARE = 2.0
-
-
-def default_link_gbps():
-    """Link speed from ``CCL_LINK_GBPS``: a positive number of Gbit/s, ``"probe"``, or None.
-
-    Raises
-    ------
-    ValueError
-        If the variable is set to anything else.
-    """
-    value = os.environ.get("CCL_LINK_GBPS", "").strip().lower()
-    if not value:
-        return None
-    return check_link_gbps(value, "CCL_LINK_GBPS")
-
-
-def check_link_gbps(value, name="link_gbps"):
-    """Validate a link speed: a positive number (Gbit/s), ``"probe"`` or None."""
-    if value is None or value == "probe":
-        return value
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if not number > 0:
-        raise ValueError(f"{name} must be a positive number of Gbit/s or 'probe', "
-                         f"got {value!r}")
-    return number
 
 
 def probe_link_gbps(comm, nbytes=1 << 22, reps=3):
@@ -113,34 +78,6 @@ def probe_link_gbps(comm, nbytes=1 << 22, reps=3):
     return 2 * (p - 1) / p * x.nbytes * 8 / max(slowest, 1e-9) / 1e9
 
 
-def bits_per_value(codec):
-    """Expected payload bits per input value (an upper estimate where it depends on the data).
-
-    Sizes pipeline segments (``ccl.collectives.base.segment_count``) and the
-    wire time in :func:`estimate`; both only need a rough figure.
-    """
-    cid = codec.codec_id
-    if cid == "none":
-        return 32.0
-    if cid in ("fp16", "bf16"):
-        return 16.0
-    if cid == "onebit":
-        return 1.1
-    if cid == "3lc":
-        return 1.6  # 5 ternary values per byte before the zero-run pass shrinks it
-    bits = getattr(codec, "bits", None)
-    if bits is not None:
-        return float(bits)
-    levels = getattr(codec, "levels", None)
-    if levels is not None:
-        return 8.0 if int(levels) <= 127 else 16.0  # one int8 (int16) lane per value
-    density = getattr(codec, "density", None)
-    if isinstance(density, (int, float)):
-        # a value and an index per kept element (random-k shares its indices)
-        return float(density) * (32.0 if cid == "randomk" else 64.0)
-    return 32.0
-
-
 def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelined=True):
     """Estimated seconds of ``MPI_Allreduce`` and of a compressed allreduce.
 
@@ -170,8 +107,9 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
     t_mpi = 2 * (p - 1) / p * nbytes / rate
     algorithm = algorithm or fitting(codec)
     elements = nbytes / itemsize
-    payload = elements * bits_per_value(codec) / 8
-    encode_gbs, decode_gbs = CODEC_SPEEDS.get(codec.codec_id, (1.0, 1.0))
+    payload = elements * codec.bits_per_value / 8
+    encode_gbs = codec.encode_gbps * SPEED_IN_COLLECTIVE
+    decode_gbs = codec.decode_gbps * SPEED_IN_COLLECTIVE
     if algorithm == "allgather":
         wire, encodes, decodes = (p - 1) * payload, 1.0, float(p)
     else:  # ring and direct: each encodes every element once, decodes (2p-1)/p of them
@@ -183,6 +121,19 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
     overlap = pipelined and algorithm in ("ring", "direct")
     busy = max(wire_s, codec_s) + 0.25 * min(wire_s, codec_s) if overlap else wire_s + codec_s
     return t_mpi, busy + CALL_OVERHEAD_S
+
+
+def needs_link(codec, nbytes, size, dtype, collective="allreduce"):
+    """Whether :func:`choose` needs the link speed to decide (it weighs compression).
+
+    It does not for a reduce-scatter (always compressed), an identity codec,
+    one rank, a message under :data:`MIN_COMPRESS_BYTES`, or a dtype the MPI
+    library cannot reduce.
+    """
+    dtype = np.dtype(dtype)
+    return (collective == "allreduce" and not codec.identity and size > 1
+            and nbytes >= MIN_COMPRESS_BYTES
+            and dtype in (np.dtype(np.float32), np.dtype(np.float64)))
 
 
 def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
@@ -216,7 +167,7 @@ def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
     dtype = np.dtype(dtype)
     mpi_ok = dtype in (np.dtype(np.float32), np.dtype(np.float64))
     # one rank has no network to save; small messages are latency-bound
-    if mpi_ok and (codec.codec_id == "none" or nbytes < MIN_COMPRESS_BYTES or size == 1):
+    if mpi_ok and (codec.identity or nbytes < MIN_COMPRESS_BYTES or size == 1):
         return "mpi"
     if mpi_ok:
         if link_gbps is None or link_gbps == "probe" or math.isinf(link_gbps):
@@ -231,7 +182,7 @@ def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
 
 
 def fitting(codec):
-    """The algorithm that fits ``codec`` for large messages (codec-specs.md §11).
+    """The algorithm that fits ``codec`` for large messages (docs/algorithms.md).
 
     Sparse codecs gather their small payloads; homomorphic ones add on the
     ring with no relay loss; the others go through owners (two lossy points).

@@ -10,7 +10,6 @@ algorithm's sum into the user's result.
 """
 
 import math
-import os
 
 import numpy as np
 
@@ -19,9 +18,9 @@ from ..codecs.context import CodecContext
 from ..codecs.header import FLAG_NONFINITE
 
 __all__ = ["Call", "SendQueue", "WORKER", "RELAY", "OWNER", "chunk_bounds", "segment_count",
-           "DEFAULT_SEGMENT_BYTES", "SEGMENT_ID_STRIDE", "default_segment_bytes"]
+           "DEFAULT_SEGMENT_BYTES", "SEGMENT_ID_STRIDE"]
 
-# The three kinds of lossy point (codec-specs.md §0): a rank's own contribution,
+# The three kinds of lossy point (docs/error-feedback.md): a rank's own contribution,
 # a partial sum re-encoded on its way, and the final chunk encoded by its owner.
 WORKER, RELAY, OWNER = "worker", "relay", "owner"
 
@@ -44,26 +43,6 @@ def chunk_bounds(n, parts):
     bounds = np.zeros(parts + 1, dtype=np.int64)
     np.cumsum(sizes, out=bounds[1:])
     return bounds
-
-
-def default_segment_bytes():
-    """Segment size from ``CCL_SEGMENT_BYTES`` (unset: :data:`DEFAULT_SEGMENT_BYTES`; 0: off).
-
-    Raises
-    ------
-    ValueError
-        If the variable is not a non-negative integer.
-    """
-    value = os.environ.get("CCL_SEGMENT_BYTES", "").strip()
-    if not value:
-        return DEFAULT_SEGMENT_BYTES
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if number < 0:
-        raise ValueError(f"CCL_SEGMENT_BYTES must be a non-negative integer, got {value!r}")
-    return number
 
 
 def segment_count(n, parts, segment_bytes, bits_per_value=32.0):
@@ -236,8 +215,13 @@ class Call:
         """Homomorphic sum of two payloads of unit ``j``."""
         return self.codec.add(a, b, self.context(j))
 
-    def shared_stats(self, x):
-        """This rank's :meth:`Codec.shared_stats` of every unit's worker input, in unit order."""
+    def agree_shared_stats(self, x):
+        """Agree on the codec's per-unit statistics of ``x`` (one small MAX allreduce).
+
+        Each unit's statistics are taken of its worker input (with its
+        residual), reduced with MAX over the ranks and handed to the codec as
+        ``ctx.shared``.
+        """
         stats = []
         for j in range(len(self.bounds) - 1):
             values = self.unit(x, j)
@@ -245,7 +229,14 @@ class Call:
                         else self.state.residual((WORKER, self.unit_id(j))))
             stats.append(self.codec.shared_stats(values if residual is None
                                                  else values + residual))
-        return stats
+        lengths = [s.size for s in stats]
+        local = np.concatenate(stats) if stats else np.empty(0)
+        # MAX with a NaN operand depends on the reduction order, so ranks could agree on
+        # different values; +Inf is a maximum everywhere, and every rank then flags the unit
+        local[~np.isfinite(local)] = np.inf
+        agreed = self.channel.allreduce_max(local)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        self.shared = [agreed[offsets[j]:offsets[j + 1]] for j in range(len(stats))]
 
 
 class SendQueue:

@@ -19,7 +19,10 @@ segment per chunk is the unpipelined algorithm.
 from .._xp import array_module
 from .base import OWNER, WORKER, SendQueue
 
-__all__ = ["allreduce", "reduce_scatter"]
+__all__ = ["allreduce", "reduce_scatter", "CHUNKED"]
+
+#: One chunk per rank, each owned by its rank (pipelined in segments).
+CHUNKED = True
 
 
 def _owner_sum(call, x, encode_owner, sends, broadcast):

@@ -24,7 +24,10 @@ unpipelined algorithm.
 from .._xp import array_module
 from .base import OWNER, RELAY, WORKER, SendQueue
 
-__all__ = ["allreduce", "reduce_scatter"]
+__all__ = ["allreduce", "reduce_scatter", "CHUNKED"]
+
+#: One chunk per rank, each owned by its rank (pipelined in segments).
+CHUNKED = True
 
 
 def _reduce_scatter(call, x, encode_owner, sends, forward):

@@ -10,7 +10,10 @@ decodes the root's payload, so results agree bitwise.
 
 from .base import OWNER, RELAY, WORKER
 
-__all__ = ["allreduce"]
+__all__ = ["allreduce", "CHUNKED"]
+
+#: The whole input is one chunk.
+CHUNKED = False
 
 
 def _children_and_parent(rank, size):

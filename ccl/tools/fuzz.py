@@ -1,6 +1,6 @@
 """Fuzzing the payload decoders: ``python -m ccl.tools.fuzz --examples N``.
 
-design.md promises that a decoder given *any* byte string returns a valid
+docs/reliability.md promises that a decoder given *any* byte string returns a valid
 result or raises :class:`ccl.PayloadError`: never another exception, a
 crash, a hang or an out-of-bounds access. This module turns that promise
 into hypothesis properties, used twice: briefly by the test suite

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .runtime import agree, current
+from ..agreement import agree
+from .runtime import current
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object", "to_array", "from_array"]
@@ -139,7 +140,7 @@ def broadcast_parameters(params, root_rank=0):
         except TypeError as exc:
             error = exc
     signature = (root_rank, [(name, tuple(t.shape), str(t.dtype)) for name, t in items])
-    agree(runtime.comm, "broadcast_parameters", signature, error)
+    agree(runtime.comm, "broadcast_parameters", [("arguments", signature)], error)
     _bcast_tensors(runtime.comm, [t for _, t in items], root_rank)
 
 
@@ -229,7 +230,7 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     signature = (root_rank, type(optimizer).__name__, [
         [tuple(p.shape) for p in group["params"]] for group in optimizer.param_groups
     ] if error is None else None)
-    agree(comm, "broadcast_optimizer_state", signature, error)
+    agree(comm, "broadcast_optimizer_state", [("arguments", signature)], error)
     is_root = comm.Get_rank() == root_rank
     tensors, skeleton = [], None
     if is_root:
@@ -280,7 +281,8 @@ def broadcast_object(obj, root_rank=0):
     {'epoch': 3}
     """
     runtime = current()
-    agree(runtime.comm, "broadcast_object", root_rank, _check_root(root_rank, runtime.size))
+    agree(runtime.comm, "broadcast_object", [("root_rank", root_rank)],
+          _check_root(root_rank, runtime.size))
     return runtime.comm.bcast(obj, root=root_rank)
 
 

@@ -38,15 +38,15 @@ from ..api import Communicator
 from ..codecs import get_codec
 from ..collectives.auto import MIN_COMPRESS_BYTES
 from .functions import from_array, to_array
-from .runtime import agree, current, threads_supported
+from ..agreement import agree
+from ..collectives import ALGORITHM_NAMES, OPS
+from .runtime import current, threads_supported
 
 __all__ = ["DistributedOptimizer", "DEFAULT_FUSION_THRESHOLD_BYTES", "plan_buckets"]
 
 #: Default bucket size cap: 64 MiB (Horovod fuses up to 128 MB, DDP 25 MB).
 DEFAULT_FUSION_THRESHOLD_BYTES = 64 * 1024 * 1024
 
-_OPS = ("mean", "sum")
-_ALGORITHMS = ("auto", "ring", "tree", "direct", "allgather", "mpi")
 _STATE_VERSION = 1
 
 
@@ -177,10 +177,10 @@ class _Plan:
                             f"{type(optimizer).__name__}")
         if isinstance(optimizer, _DistributedMixin):
             raise TypeError("optimizer is already a ccl.torch.DistributedOptimizer")
-        if op not in _OPS:
+        if op not in OPS:
             raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
-        if algorithm not in _ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {', '.join(_ALGORITHMS)}; "
+        if algorithm not in ALGORITHM_NAMES:
+            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHM_NAMES)}; "
                              f"got {algorithm!r}")
         k = backward_passes_per_step
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -210,7 +210,7 @@ class _Plan:
         for members in self.buckets:
             dtype = entries[members[0]][1]
             nbytes = sum(entries[i][0] for i in members)
-            compress = self.codec.codec_id != "none" and nbytes >= min_compress_bytes
+            compress = not self.codec.identity and nbytes >= min_compress_bytes
             np_dtype = np.dtype(str(dtype).replace("torch.", ""))
             if compress and np_dtype not in self.codec.input_dtypes:
                 raise TypeError(f"codec {self.codec.codec_id!r} does not take {np_dtype} "
@@ -681,7 +681,7 @@ class _DistributedMixin:
                 "bucket_bytes": [b.flat.numel() * b.flat.element_size()
                                  for b in reducer.buckets],
                 "reductions": reducer.engine.reductions,
-                "bytes_sent": reducer.engine.communicator._channel.bytes_sent}
+                "bytes_sent": reducer.engine.communicator.stats()["bytes_sent"]}
 
 
 _CLASSES = {}
@@ -773,7 +773,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
                      op, fusion_threshold_bytes, min_compress_bytes)
     except (TypeError, ValueError) as exc:
         error = exc
-    agree(runtime.comm, "DistributedOptimizer", plan.signature() if plan else None, error)
+    agree(runtime.comm, "DistributedOptimizer",
+          [("arguments", plan.signature() if plan else None)], error)
     cls = _subclass(type(optimizer))
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)

@@ -9,15 +9,11 @@ message order.
 """
 
 import threading
-import zlib
 
-import numpy as np
 from mpi4py import MPI
 
-from ..errors import MismatchError
-
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-           "cross_rank", "cross_size", "threads_supported", "agree"]
+           "cross_rank", "cross_size", "threads_supported"]
 
 
 class _Runtime:
@@ -300,33 +296,3 @@ def threads_supported():
     True
     """
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
-
-
-def agree(comm, what, signature, error=None):
-    """Check that every rank of ``comm`` passed the same arguments to ``what`` (collective).
-
-    Each rank contributes an error flag and a CRC of ``repr(signature)`` to one
-    small ``Allgather``. A rank whose own arguments were rejected (``error``)
-    raises that error; every other rank then raises
-    :class:`ccl.MismatchError`, as they do when the signatures differ, so no
-    rank is left waiting in a later collective.
-    """
-    row = np.array([0 if error is None else 1,
-                    zlib.crc32(repr(signature).encode("utf-8"))], dtype=np.int64)
-    rows = np.empty((comm.Get_size(), 2), dtype=np.int64)
-    comm.Allgather([row, MPI.INT64_T], [rows, MPI.INT64_T])
-    if error is not None:
-        raise error
-    rejected = [int(r) for r in np.flatnonzero(rows[:, 0])]
-    if rejected:
-        raise MismatchError(f"rank(s) {rejected} rejected their arguments to {what}; see the "
-                            "error raised there", field="arguments",
-                            ranks={"rejected": rejected})
-    groups = {}
-    for r, value in enumerate(rows[:, 1].tolist()):
-        groups.setdefault(value, []).append(r)
-    if len(groups) > 1:
-        where = " vs ".join(f"ranks {ranks}" for ranks in groups.values())
-        raise MismatchError(f"ranks disagree on the arguments to {what}: {where} (this rank, "
-                            f"{comm.Get_rank()}, has {signature!r:.300})", field=what,
-                            ranks=list(groups.values()))

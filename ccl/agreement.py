@@ -1,0 +1,120 @@
+"""The agreement check: every rank learns whether all ranks passed the same arguments.
+
+Before any data moves, a collective (and every collective set-up in
+``ccl.torch``) exchanges one small fixed-size row per rank in a single
+``Allgather``: an error code (did this rank reject its own arguments?), a
+CRC of each field that must be equal everywhere, and flags that any rank may
+raise. Then every rank reaches the same verdict from the same rows:
+
+* a rank that rejected its arguments raises its own ``TypeError`` or
+  ``ValueError``; every other rank raises :class:`ccl.MismatchError` naming it;
+* if ranks passed different values of a field, every rank raises
+  :class:`ccl.MismatchError` naming the field and the groups of ranks;
+* otherwise each flag comes back as the list of ranks that raised it.
+
+So an error on some ranks becomes an error on all of them, instead of some
+ranks raising while the others wait forever in the exchange that follows.
+
+>>> from mpi4py import MPI
+>>> from ccl.agreement import agree
+>>> agree(MPI.COMM_SELF, "example", [("shape", (3, 4))], flags=[("nan", False)])
+{'nan': []}
+"""
+
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+from .errors import MismatchError
+
+__all__ = ["agree", "field_crc"]
+
+# error code of a rank whose own arguments were rejected (0: accepted)
+_CODES = {TypeError: 1, ValueError: 2}
+_NAMES = {1: "TypeError", 2: "ValueError", 3: "error"}
+
+
+def field_crc(value):
+    """The 32-bit CRC of ``repr(value)`` that stands for a field in the exchanged row."""
+    return zlib.crc32(repr(value).encode("utf-8"))
+
+
+def _code(error):
+    if error is None:
+        return 0
+    return next((code for cls, code in _CODES.items() if isinstance(error, cls)), 3)
+
+
+def agree(comm, what, fields, error=None, flags=(), wait=None):
+    """Check that every rank of ``comm`` passed the same ``fields`` to ``what`` (collective).
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+        The communicator the ranks share (ccl passes its private duplicate).
+    what : str
+        What is being agreed on, for messages (e.g. ``"allreduce"``).
+    fields : sequence of (str, object)
+        Named values that must be equal on every rank, compared by the CRC of
+        their ``repr``; the first field that differs is reported.
+    error : Exception, optional
+        This rank's own argument error: it is raised here, after the
+        exchange, so the other ranks learn about it.
+    flags : sequence of (str, bool)
+        Conditions any rank may report (e.g. "my input holds NaN").
+    wait : callable, optional
+        ``wait(request, description)`` completes the nonblocking exchange
+        (ccl's channels wait with a deadline); default ``request.Wait()``.
+
+    Returns
+    -------
+    dict
+        Flag name -> the ranks (sorted) that raised it.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``error``, on the rank that passed it.
+    ccl.MismatchError
+        On every other rank when some rank rejected its arguments, and on
+        every rank when a field differs.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> agree(MPI.COMM_WORLD, "example", [("dtype", "float32")])
+    {}
+    """
+    fields, flags = list(fields), list(flags)
+    row = np.empty(1 + len(fields) + len(flags), dtype=np.int64)
+    row[0] = _code(error)
+    row[1:1 + len(fields)] = [field_crc(value) for _, value in fields]
+    row[1 + len(fields):] = [bool(flag) for _, flag in flags]
+    rows = np.empty((comm.Get_size(), row.size), dtype=np.int64)
+    request = comm.Iallgather([row, MPI.INT64_T], [rows, MPI.INT64_T])
+    if wait is None:
+        request.Wait()
+    else:
+        wait(request, f"the argument check of {what} from every rank")
+    if error is not None:
+        raise error
+    rejected = [int(r) for r in np.flatnonzero(rows[:, 0])]
+    if rejected:
+        kinds = sorted({_NAMES[int(rows[r, 0])] for r in rejected})
+        raise MismatchError(f"rank(s) {rejected} rejected their arguments to {what} "
+                            f"({', '.join(kinds)}); see the error raised there",
+                            field="arguments", ranks={"rejected": rejected})
+    for column, (name, value) in enumerate(fields, start=1):
+        groups = {}
+        for rank, crc in enumerate(rows[:, column].tolist()):
+            groups.setdefault(crc, []).append(rank)
+        if len(groups) > 1:
+            where = "; ".join(f"ranks {ranks}" for ranks in groups.values())
+            raise MismatchError(
+                f"ranks disagree on the {name} of {what}: {where} differ (this rank, "
+                f"{comm.Get_rank()}, has {value!r:.300})", field=name,
+                ranks=list(groups.values()))
+    first = 1 + len(fields)
+    return {name: [int(r) for r in np.flatnonzero(rows[:, first + i])]
+            for i, (name, _) in enumerate(flags)}

@@ -1,0 +1,99 @@
+"""The options of a collective call, validated once, in one frozen object.
+
+:class:`Options` gathers everything a call is configured with besides its
+input and key: the codec, op, algorithm, NaN policy, timeout, partitioning,
+the compression threshold, the pipeline's segment size and the link speed.
+``ccl.Communicator`` holds one as its defaults; each call replaces the
+fields it overrides. Fields left as None take their value from the
+environment when the call runs (``CCL_TIMEOUT``, ``CCL_SEGMENT_BYTES``,
+``CCL_LINK_GBPS``; see :mod:`ccl.config`), so a bad variable on one rank
+is reported through the agreement like any other bad argument.
+"""
+
+import dataclasses
+
+from .. import config
+from ..codecs import Codec, get_codec
+from .algorithms import ALGORITHM_NAMES, OPS
+
+__all__ = ["Options"]
+
+
+def _threshold(value, name, zero):
+    """A size knob where None and 0 both mean "off"."""
+    return config.byte_count(value, name, zero) or None
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Validated options of a collective (see :func:`ccl.compressed_allreduce`).
+
+    Build with :meth:`make` (which validates and normalises); derive a
+    per-call variant with :meth:`replace`.
+
+    Attributes
+    ----------
+    codec : ccl.codecs.Codec
+    op : str
+        ``"sum"`` or ``"mean"``.
+    algorithm : str
+        A name of :data:`ccl.collectives.ALGORITHM_NAMES`.
+    check_finite : bool
+    timeout : float or None
+        Seconds; ``math.inf`` waits forever; None: ``CCL_TIMEOUT``.
+    partition_bytes, min_compress_bytes : int or None
+        None: one partition; compress everything.
+    segment_bytes : int or None
+        0: no pipelining; None: ``CCL_SEGMENT_BYTES``, else the default.
+    link_gbps : float, "probe" or None
+        None: ``CCL_LINK_GBPS``, else measured.
+    """
+
+    codec: Codec
+    op: str = "sum"
+    algorithm: str = "auto"
+    check_finite: bool = False
+    timeout: object = None
+    partition_bytes: object = None
+    min_compress_bytes: object = None
+    segment_bytes: object = None
+    link_gbps: object = None
+
+    @classmethod
+    def make(cls, codec=None, op="sum", algorithm="auto", check_finite=False, timeout=None,
+             partition_bytes=None, min_compress_bytes=None, segment_bytes=None,
+             link_gbps=None):
+        """Validate the arguments and return the options.
+
+        Raises
+        ------
+        TypeError, ValueError
+            With a message that says what is accepted.
+        """
+        codec = get_codec(codec)
+        if op not in OPS:
+            raise ValueError(f"op must be one of {', '.join(map(repr, OPS))}, got {op!r}")
+        if algorithm not in ALGORITHM_NAMES:
+            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHM_NAMES)}; "
+                             f"got {algorithm!r}")
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"check_finite must be True or False, got {check_finite!r}")
+        return cls(codec=codec, op=op, algorithm=algorithm, check_finite=check_finite,
+                   timeout=config.timeout_seconds(timeout),
+                   partition_bytes=_threshold(partition_bytes, "partition_bytes",
+                                              "one partition"),
+                   min_compress_bytes=_threshold(min_compress_bytes, "min_compress_bytes",
+                                                 "compress everything"),
+                   segment_bytes=config.segment_bytes(segment_bytes),
+                   link_gbps=config.link_gbps(link_gbps))
+
+    def replace(self, **changes):
+        """These options with ``changes`` (None values keep the current field), validated."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return self.updated(**changes) if changes else self
+
+    def updated(self, **changes):
+        """These options with ``changes`` taken literally (None resets a field), validated."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields.update(changes)
+        return Options.make(**fields)

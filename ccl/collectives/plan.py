@@ -1,0 +1,275 @@
+"""Planning and running one collective call, identically on every rank.
+
+:func:`run` is what ``ccl.compressed_allreduce``, ``reduce_scatter``,
+``allgather`` and every ``ccl.Communicator`` method end in:
+
+1. **Validate** this rank's arguments (:class:`Request`) without raising yet.
+2. **Agree** (:func:`ccl.agreement.agree`): one small ``Allgather`` of the
+   arguments' fingerprints, the key and its step, and the calling thread's
+   name; a rank with bad arguments raises its error, every other rank a
+   :class:`ccl.MismatchError`, before any data moves.
+3. **Choose**: ``auto`` resolves to an algorithm from what every rank agreed
+   on (measuring the link once per communicator where it has to).
+4. **Split** the flat input into pieces (partitions; pieces below the
+   compression threshold go uncompressed) and **dispatch** each to its
+   algorithm module with a :class:`ccl.collectives.base.Call`.
+5. **Finish**: commit error-feedback residuals, raise overflow on every rank
+   alike, and shape the result like the input.
+"""
+
+import threading
+
+import numpy as np
+
+from .. import config
+from .._xp import backend_of
+from ..agreement import agree
+from ..codecs import get_codec
+from ..codecs.context import all_finite
+from ..codecs.header import FLAG_OVERFLOW
+from ..errors import CompressionOverflowError, NonFiniteError
+from . import auto
+from .base import DEFAULT_SEGMENT_BYTES, Call, segment_count
+from .algorithms import ALGORITHMS, REDUCE_SCATTER
+
+__all__ = ["run", "Request", "pieces"]
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
+#: dtypes the MPI library's own Allreduce takes (the MPI wheels have no 16-bit float)
+MPI_DTYPES = _DTYPES[:2]
+
+
+class Request:
+    """One rank's arguments to a collective, validated without raising yet.
+
+    Parameters
+    ----------
+    collective : str
+    x : array
+    options : ccl.collectives.options.Options
+        The defaults of the call (a Communicator's, or the module functions').
+    overrides : dict
+        Per-call options; None values keep the defaults.
+
+    Attributes
+    ----------
+    error : Exception or None
+        What this rank would raise; raised after the agreement.
+    timeout : float or None
+        Seconds for this call (None or ``inf``: forever), from the options or
+        ``CCL_TIMEOUT``; None when the variable is bad (then ``error`` says so).
+    """
+
+    def __init__(self, collective, x, options, overrides):
+        self.collective = collective
+        self.error = None
+        self.options = options
+        self.codec = self.x = self.flat = None
+        self.backend = backend_of(x)
+        self.nonfinite = False
+        self.timeout = self.segment_bytes = self.link_gbps = None
+        try:
+            self.options = options = options.replace(**overrides)
+            self.codec = options.codec
+            # The environment may be bad on some ranks only: like any argument error, it
+            # is raised after the agreement, so no rank is left waiting.
+            self.timeout = (options.timeout if options.timeout is not None
+                            else config.read("CCL_TIMEOUT"))
+            self.segment_bytes = options.segment_bytes
+            if self.segment_bytes is None:
+                self.segment_bytes = config.read("CCL_SEGMENT_BYTES")
+                if self.segment_bytes is None:
+                    self.segment_bytes = DEFAULT_SEGMENT_BYTES
+            self.link_gbps = options.link_gbps
+            if self.link_gbps is None:
+                self.link_gbps = config.read("CCL_LINK_GBPS")
+            self._validate(x)
+        except (TypeError, ValueError) as exc:
+            self.error = exc
+
+    def _validate(self, x):
+        if not (hasattr(x, "dtype") and hasattr(x, "shape")):
+            raise TypeError(f"x must be a numpy or cupy array, got {type(x).__name__}")
+        xp = self.backend.xp
+        self.x = x = xp.asarray(x)
+        if x.dtype not in _DTYPES or x.dtype not in self.codec.input_dtypes:
+            accepted = ", ".join(str(d) for d in self.codec.input_dtypes)
+            raise TypeError(f"codec {self.codec.codec_id!r} reduces arrays of {accepted}; "
+                            f"got {x.dtype}")
+        algorithm = self.options.algorithm
+        if self.collective == "reduce_scatter" and algorithm not in REDUCE_SCATTER | {"auto"}:
+            raise ValueError(f"reduce_scatter supports algorithms "
+                             f"{', '.join(sorted(REDUCE_SCATTER))} and 'auto'; "
+                             f"got {algorithm!r}")
+        if algorithm == "mpi" and x.dtype not in MPI_DTYPES:
+            raise TypeError("algorithm 'mpi' reduces float32 or float64 only (the MPI wheels "
+                            "have no 16-bit float type); use 'ring'")
+        # Work in float32 (float64 for float64 input); copies non-contiguous input.
+        work = np.float64 if x.dtype == np.float64 else np.float32
+        self.flat = xp.ascontiguousarray(x, dtype=work).reshape(-1)
+        if self.options.check_finite:
+            self.nonfinite = not all_finite(self.flat)
+
+    def fields(self, key, step):
+        """What every rank must agree on, as ``(name, value)`` pairs, in checking order."""
+        ok = self.error is None
+        options = self.options
+        shape = tuple(self.x.shape) if ok else None
+        return [
+            ("collective", self.collective),
+            ("codec", self.codec.get_config() if self.codec is not None else None),
+            ("dtype", str(self.x.dtype) if ok else None),
+            ("ndim", len(shape) if ok else None),
+            # allgather blocks may differ in length
+            ("shape", None if self.collective == "allgather" else shape),
+            ("op", options.op),
+            ("algorithm", (options.algorithm, options.partition_bytes,
+                           options.min_compress_bytes, self.segment_bytes, self.link_gbps)),
+            ("key", key),
+            ("key's step", step),
+            # two threads' calls on one communicator must not pair up across ranks
+            ("calling thread", threading.current_thread().name),
+        ]
+
+    def resolve(self, channel):
+        """The algorithm of the call (``auto`` decided), after the agreement (collective)."""
+        if self.collective == "allgather":
+            return "allgather"
+        algorithm = self.options.algorithm
+        if algorithm != "auto":
+            return algorithm
+        nbytes, dtype = self.x.nbytes, self.x.dtype
+        if self.link_gbps == "probe" and auto.needs_link(
+                self.codec, nbytes, channel.size, dtype, self.collective):
+            self.link_gbps = probed_link_gbps(channel)
+        return auto.choose(self.codec, nbytes, channel.size, dtype, self.collective,
+                           self.link_gbps, bool(self.segment_bytes))
+
+
+def probed_link_gbps(channel):
+    """The link speed of ``channel``'s communicator, measured once (collective)."""
+    if channel.probed_link_gbps is None:
+        channel.probed_link_gbps = auto.probe_link_gbps(channel.comm)
+    return channel.probed_link_gbps
+
+
+def pieces(request, algorithm, size):
+    """Split the flat input into ``(start, stop, codec, algorithm)`` pieces.
+
+    With ``partition_bytes`` an allreduce runs partition by partition (each
+    with its own chunk map and residuals, as BytePS-Compress does); a piece
+    smaller than ``min_compress_bytes`` is sent uncompressed.
+    """
+    flat, codec, options = request.flat, request.codec, request.options
+    n, itemsize = flat.size, request.x.dtype.itemsize
+    per = n
+    if options.partition_bytes and request.collective == "allreduce":
+        per = max(1, options.partition_bytes // itemsize)
+    out = []
+    for start in range(0, max(n, 1), max(per, 1)):
+        stop = min(start + per, n)
+        piece_codec, piece_algorithm = codec, algorithm
+        nbytes = (stop - start) * itemsize
+        if options.min_compress_bytes and nbytes < options.min_compress_bytes:
+            piece_codec = get_codec(None)
+            if request.collective == "allreduce":
+                piece_algorithm = "mpi" if flat.dtype in MPI_DTYPES else "ring"
+        elif options.algorithm == "auto" and per < n:
+            piece_algorithm = auto.choose(codec, nbytes, size, request.x.dtype,
+                                          request.collective, request.link_gbps,
+                                          bool(request.segment_bytes))
+        out.append((start, stop, piece_codec, piece_algorithm))
+    return out
+
+
+def run(channel, feedback, collective, x, options, key=None, **overrides):
+    """Run one collective on every rank alike; return the user's result.
+
+    Parameters
+    ----------
+    channel : ccl.transport.Channel
+    feedback : ccl.feedback.ErrorFeedback
+        Where the residuals and steps of keyed calls live.
+    collective : {"allreduce", "reduce_scatter", "allgather"}
+    x : array
+    options : ccl.collectives.options.Options
+    key : hashable, optional
+    **overrides
+        Per-call options (None keeps the default).
+    """
+    request = Request(collective, x, options, overrides)
+    tag = channel.begin(f"{collective}(key={key!r})", request.timeout)
+    try:
+        step = feedback.step(key) if key is not None else channel.calls
+        flagged = agree(channel.comm, collective, request.fields(key, step), request.error,
+                        [("nonfinite", request.nonfinite)], wait=channel.wait)
+        if flagged["nonfinite"]:
+            raise NonFiniteError(f"NaN or Inf in the input of rank(s) {flagged['nonfinite']} "
+                                 f"to {collective} (check_finite=True)")
+        algorithm = request.resolve(channel)
+        total = _reduce(channel, feedback, request, algorithm, key, step, tag)
+    finally:
+        channel.end()
+    options, codec, p = request.options, request.codec, channel.size
+    if options.op == "mean" and not codec.predivide_mean and p > 1:
+        total = total / p
+    total = total.astype(request.x.dtype, copy=False)
+    return total.reshape(request.x.shape) if collective == "allreduce" else total
+
+
+def _reduce(channel, feedback, request, algorithm, key, step, tag):
+    """Run the pieces of the call with error feedback; return the flat sum."""
+    codec, flat, p = request.codec, request.flat, channel.size
+    channel.use_backend(request.backend)  # device payloads: CUDA-aware MPI or staging
+    channel.activity = (f"{request.collective}(key={key!r}, codec={codec.codec_id!r}, "
+                        f"algorithm={algorithm!r})")
+    if request.options.op == "mean" and codec.predivide_mean and p > 1:
+        flat = flat / p
+    state = None
+    if key is not None:
+        options = request.options
+        layout = (flat.size, flat.dtype.str, algorithm, codec.config_hash, p,
+                  options.partition_bytes, options.min_compress_bytes, request.segment_bytes)
+        state, flat = feedback.begin(key, layout, flat)
+    results, skip = [], set()
+    try:
+        for index, (start, stop, piece_codec, piece_algorithm) in enumerate(
+                pieces(request, algorithm, p)):
+            call = _call(channel, request, piece_codec, piece_algorithm, stop - start, key,
+                         state, step, tag, start, index * p)
+            results.append(_dispatch(call, request.collective, piece_algorithm,
+                                     flat[start:stop]))
+            skip.update(call.nonfinite_chunks)
+    except BaseException:
+        if state is not None:
+            state.discard()
+        raise
+    if state is not None:
+        state.commit(skip_chunks=skip)
+    return results[0] if len(results) == 1 else request.backend.xp.concatenate(results)
+
+
+def _call(channel, request, codec, algorithm, n, key, state, step, tag, offset, chunk_base):
+    module = ALGORITHMS[algorithm]
+    parts = channel.size if module.CHUNKED else 1
+    segments = (segment_count(n, parts, request.segment_bytes, codec.bits_per_value)
+                if module.CHUNKED else 1)
+    return Call(channel, codec, n, parts, tag, step, key, state, offset, chunk_base, segments)
+
+
+def _dispatch(call, collective, algorithm, flat):
+    """Run ``algorithm`` for ``collective`` on one piece; return its flat result."""
+    if collective == "allgather":
+        result = ALGORITHMS["allgather"].gather_blocks(call, flat)
+    else:
+        if call.codec.shared_statistics:
+            call.agree_shared_stats(flat)
+        module = ALGORITHMS[algorithm]
+        result = (module.allreduce(call, flat) if collective == "allreduce"
+                  else module.reduce_scatter(call, flat))
+    if call.flags & FLAG_OVERFLOW:
+        # Every rank decoded the same final payloads, so every rank raises here.
+        raise CompressionOverflowError(
+            f"codec {call.codec.codec_id!r}: the sum overflowed its compressed format; use "
+            "op='mean', scale the input down, or a wider codec")
+    return result

