@@ -1,0 +1,82 @@
+"""Codec capabilities: every built-in codec states them, and ccl reads them, not codec ids."""
+
+import numpy as np
+import pytest
+
+from ccl.codecs import Codec, get_codec, registered_codecs
+from ccl.collectives import auto
+
+CAPABILITIES = ("bits_per_value", "encode_gbps", "decode_gbps", "shared_statistics",
+                "identity", "error_feedback", "homomorphic", "sparse")
+BUILT_IN = [c for c in registered_codecs() if not c.startswith("test")]
+
+
+def _declared(cls, name):
+    """Whether a class below Codec in ``cls``'s hierarchy sets ``name``."""
+    return any(name in vars(k) for k in cls.__mro__ if k is not Codec and issubclass(k, Codec))
+
+
+@pytest.mark.parametrize("codec_id", BUILT_IN)
+def test_every_built_in_codec_states_its_figures(codec_id):
+    codec = get_codec(codec_id)
+    for name in ("encode_gbps", "decode_gbps"):
+        assert _declared(type(codec), name), f"{codec_id} does not state {name}"
+        assert getattr(codec, name) > 0
+    if not codec.identity:
+        assert _declared(type(codec), "bits_per_value"), f"{codec_id} states no bits_per_value"
+    assert 0 < codec.bits_per_value <= 32
+    for name in CAPABILITIES:
+        assert isinstance(getattr(codec, name), (bool, float, int)), name
+
+
+def test_bits_per_value_follows_the_configuration():
+    assert get_codec("thc", bits=2).bits_per_value < get_codec("thc", bits=4).bits_per_value
+    assert get_codec("topk", density=0.001).bits_per_value < \
+        get_codec("topk", density=0.01).bits_per_value
+    assert get_codec("none").identity and not get_codec("fp16").identity
+    assert get_codec("thc").shared_statistics and not get_codec("3lc").shared_statistics
+
+
+class _UserCodec(Codec):
+    """A codec as a user would write it: no capabilities stated."""
+
+    codec_id, wire_id = "user-example", 201
+
+    def _encode(self, x, ctx):
+        return x.astype(np.float32).view(np.uint8), 0
+
+    def _decode(self, header, body, ctx):
+        return body.view(np.float32).copy()
+
+
+class _UserCodecWithFigures(_UserCodec):
+    """The same codec, stating what it sends and how fast it is."""
+
+    bits_per_value = 1.0
+    encode_gbps = decode_gbps = 20.0
+
+
+def test_a_user_codec_gets_safe_defaults_and_can_state_its_own():
+    plain, stated = _UserCodec(), _UserCodecWithFigures()
+    assert plain.bits_per_value == 32.0 and not plain.identity
+    assert not plain.shared_statistics and plain.error_feedback
+    n = 64 << 20
+    # the defaults assume nothing is saved: auto never compresses with them ...
+    assert auto.choose(plain, n, 4, np.float32, link_gbps=1.0) == "mpi"
+    # ... while the stated figures make compression pay on a slow link
+    assert auto.choose(stated, n, 4, np.float32, link_gbps=1.0) == "direct"
+
+
+def test_no_module_outside_the_codecs_compares_codec_ids():
+    import os
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..", "ccl")
+    pattern = re.compile(r"(?<!for )\bcodec_id\s*(==|!=|in\b)|\bcid\s*==")
+    found = []
+    for folder in ("", "collectives", "torch"):
+        for name in sorted(os.listdir(os.path.join(root, folder))):
+            if name.endswith(".py"):
+                with open(os.path.join(root, folder, name), encoding="utf-8") as f:
+                    found += [f"{folder}/{name}: {line.strip()}" for line in f
+                              if pattern.search(line)]
+    assert found == []
