@@ -8,7 +8,7 @@
 from . import codecs, config
 from .api import Communicator, allgather, compressed_allreduce, reduce_scatter
 from .errors import (CCLError, CompressionOverflowError, LaunchError, MismatchError,
-                     NonFiniteError, PayloadError)
+                     NonFiniteError, PayloadError, PeerError)
 
 __version__ = "0.1.0"
 
@@ -17,7 +17,7 @@ config.warn_unknown()  # a misspelt CCL_* variable would otherwise be ignored si
 __all__ = [
     "compressed_allreduce", "reduce_scatter", "allgather", "Communicator", "codecs",
     "warmup", "config", "CCLError", "PayloadError", "MismatchError", "NonFiniteError",
-    "CompressionOverflowError", "LaunchError", "__version__",
+    "CompressionOverflowError", "LaunchError", "PeerError", "__version__",
 ]
 
 

@@ -127,10 +127,15 @@ class Stager:
             self.backend.upload(out, buf)
         return out
 
-    def release_all(self):
-        """Give every staging buffer back to the pool (all requests have completed)."""
-        for buf in self._held:
-            self.pool.release(buf)
+    def release_all(self, reuse=True):
+        """Give every staging buffer back to the pool (all requests have completed).
+
+        ``reuse=False`` forgets them instead: a send that may still read one
+        keeps it alive, and the pool never hands it out again.
+        """
+        if reuse:
+            for buf in self._held:
+                self.pool.release(buf)
         self._held = []
 
 

@@ -26,13 +26,13 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
-from .errors import MismatchError
+from .errors import MismatchError, PeerError
 
-__all__ = ["agree", "field_crc"]
+__all__ = ["agree", "report_failure", "field_crc"]
 
 # error code of a rank whose own arguments were rejected (0: accepted)
-_CODES = {TypeError: 1, ValueError: 2}
-_NAMES = {1: "TypeError", 2: "ValueError", 3: "error"}
+_CODES = {TypeError: 1, ValueError: 2, MemoryError: 4}
+_NAMES = {1: "TypeError", 2: "ValueError", 3: "error", 4: "MemoryError"}
 
 
 def field_crc(value):
@@ -91,12 +91,7 @@ def agree(comm, what, fields, error=None, flags=(), wait=None):
     row[0] = _code(error)
     row[1:1 + len(fields)] = [field_crc(value) for _, value in fields]
     row[1 + len(fields):] = [bool(flag) for _, flag in flags]
-    rows = np.empty((comm.Get_size(), row.size), dtype=np.int64)
-    request = comm.Iallgather([row, MPI.INT64_T], [rows, MPI.INT64_T])
-    if wait is None:
-        request.Wait()
-    else:
-        wait(request, f"the argument check of {what} from every rank")
+    rows = _exchange(comm, row, wait, f"the argument check of {what} from every rank")
     if error is not None:
         raise error
     rejected = [int(r) for r in np.flatnonzero(rows[:, 0])]
@@ -118,3 +113,37 @@ def agree(comm, what, fields, error=None, flags=(), wait=None):
     first = 1 + len(fields)
     return {name: [int(r) for r in np.flatnonzero(rows[:, first + i])]
             for i, (name, _) in enumerate(flags)}
+
+
+def report_failure(comm, what, error, wait=None):
+    """After a collective in which a rank failed, raise on every rank (collective).
+
+    Every rank must call it (they all saw the failure's flag in the result):
+    the ranks whose ``error`` is set raise it, the others raise
+    :class:`ccl.PeerError` naming them.
+
+    Raises
+    ------
+    Exception
+        ``error``, on the ranks where it is set.
+    ccl.PeerError
+        On the other ranks.
+    """
+    row = np.array([_code(error)], dtype=np.int64)
+    rows = _exchange(comm, row, wait, f"the failure report of {what} from every rank")
+    if error is not None:
+        raise error
+    failed = [int(r) for r in np.flatnonzero(rows[:, 0])]
+    kinds = sorted({_NAMES[int(rows[r, 0])] for r in failed})
+    raise PeerError(f"rank(s) {failed} failed in the middle of {what} ({', '.join(kinds)}); "
+                    "the call has no result: see the error raised there", ranks=failed)
+
+
+def _exchange(comm, row, wait, description):
+    rows = np.empty((comm.Get_size(), row.size), dtype=np.int64)
+    request = comm.Iallgather([row, MPI.INT64_T], [rows, MPI.INT64_T])
+    if wait is None:
+        request.Wait()
+    else:
+        wait(request, description)
+    return rows

@@ -11,6 +11,7 @@ __all__ = [
     "NonFiniteError",
     "CompressionOverflowError",
     "LaunchError",
+    "PeerError",
 ]
 
 
@@ -109,6 +110,33 @@ class CompressionOverflowError(CCLError, ArithmeticError):
     ...
     ccl.errors.CompressionOverflowError: codec 'fp16': the sum overflowed ...
     """
+
+
+class PeerError(CCLError, RuntimeError):
+    """Another rank failed in the middle of a collective; the call has no result.
+
+    The failing rank raises its own exception (``ranks`` lists it); every
+    other rank raises this, after the collective has run to its end, so no
+    rank waits for messages that never come.
+
+    Parameters
+    ----------
+    message : str
+        Which ranks failed, in which collective, with which exception class.
+    ranks : list of int, optional
+        The ranks that failed.
+
+    Examples
+    --------
+    >>> from ccl import PeerError
+    >>> err = PeerError("rank(s) [2] failed in allreduce (MemoryError)", ranks=[2])
+    >>> err.ranks
+    [2]
+    """
+
+    def __init__(self, message, ranks=None):
+        super().__init__(message)
+        self.ranks = ranks
 
 
 class LaunchError(CCLError, RuntimeError):

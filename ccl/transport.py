@@ -68,6 +68,9 @@ class Channel:
         self.bytes_sent = 0
         self.probed_link_gbps = None  # measured once, when auto first needs it
         self._lock = threading.Lock()
+        # (request, buffer) of this call's sends, and of earlier calls that ended by an
+        # exception with sends still in flight: MPI may still read those buffers
+        self._sends = []
         self._tag_ub = max(int(self.comm.Get_attr(MPI.TAG_UB) or 32767), 32767)
         self._tag = 0
         # what the current collective is, for timeout reports
@@ -90,18 +93,29 @@ class Channel:
         :meth:`begin` must be followed by :meth:`end`.
         """
         self._lock.acquire()
+        if self._sends:  # sends an earlier, failed call left in flight
+            self._sends = [(r, buf) for r, buf in self._sends if not r.Test()]
         self.calls += 1
         self._tag = (self._tag + 1) % self._tag_ub
         self.activity = activity
         self.timeout = timeout
         return self._tag
 
-    def end(self):
-        """Finish the current collective: its staging buffers become free, the channel too."""
+    def end(self, completed=True):
+        """Finish the current collective and free the channel.
+
+        ``completed=False`` (the collective raised): sends still in flight keep
+        their buffers alive (and staging buffers are not reused) until MPI is
+        done with them, instead of letting MPI read freed memory.
+        """
         self.activity = "idle"
         try:
+            if completed:
+                self._sends.clear()
+            else:
+                self._sends = [(r, buf) for r, buf in self._sends if not r.Test()]
             if self._stager is not None:
-                self._stager.release_all()
+                self._stager.release_all(reuse=not self._sends)
         finally:
             self._stager = None
             self._lock.release()
@@ -137,16 +151,18 @@ class Channel:
             return None
         return time.monotonic() + self.timeout
 
-    def _abort(self, what):
-        message = (f"ccl: rank {self.rank} of {self.size} {what} in {self.activity}; a peer "
-                   "rank has probably died or called a different collective. Aborting the job.")
+    def _abort(self, what, cause):
+        message = (f"ccl: rank {self.rank} of {self.size} {what} in {self.activity}; {cause}. "
+                   "Aborting the job.")
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
         self.comm.Abort(3)
 
     def _expired(self, deadline, what):
         if deadline is not None and time.monotonic() > deadline:
-            self._abort(f"timed out after {self.timeout:g} s waiting for {what}")
+            self._abort(f"timed out after {self.timeout:g} s waiting for {what}",
+                        "that rank may have died or hung, may have raised an exception in its "
+                        "own code, or may have called a different collective")
 
     @contextlib.contextmanager
     def _reporting(self, what):
@@ -162,7 +178,9 @@ class Channel:
             error = MPI.Get_error_string(exc.Get_error_class())
             if len(lines) > 1:
                 error = f"{error}: {lines[-1]}"
-            self._abort(f"got an MPI error waiting for {what} ({error})")
+            self._abort(f"got an MPI error waiting for {what} ({error})",
+                        "the MPI library could not complete the transfer, which usually means "
+                        "a peer rank died")
 
     def wait(self, request, what):
         """Wait for one request, polling against the deadline."""
@@ -184,7 +202,10 @@ class Channel:
     def isend(self, payload, dest, tag):
         """Start sending ``payload`` to ``dest``; return the request."""
         self.bytes_sent += payload.size
-        return self.comm.Isend([self._wire(payload), _BYTE], dest, tag)
+        wire = self._wire(payload)
+        request = self.comm.Isend([wire, _BYTE], dest, tag)
+        self._sends.append((request, wire))
+        return request
 
     def recv(self, source, tag):
         """Receive a payload of any length from ``source``."""

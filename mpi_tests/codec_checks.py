@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ccl.codecs import FLAG_OVERFLOW, HEADER_SIZE, CodecContext, Header, get_codec
+from ccl.codecs.header import FLAG_FAILED
 from ccl.errors import CompressionOverflowError, PayloadError
 from ccl.tools.fuzz import check_decode, edit_header
 
@@ -46,8 +47,9 @@ def check_roundtrip(codec, x, ctx=None, atol=None, rtol=None):
 def decode_or_payload_error(codec, payload, ctx=None):
     """Decode ``payload``; anything but a valid result or PayloadError fails the test.
 
-    A payload flagged ``OVERFLOW`` (a bit flip can set the flag) is a valid
-    payload whose ``decode`` raises CompressionOverflowError by contract.
+    A payload flagged ``OVERFLOW`` or ``FAILED`` (a bit flip can set the flag)
+    is a valid payload whose ``decode`` raises CompressionOverflowError or
+    PayloadError by contract.
     """
     y = check_decode(codec, payload, ctx)
     if y is not None:
@@ -55,6 +57,8 @@ def decode_or_payload_error(codec, payload, ctx=None):
             np.testing.assert_array_equal(codec.decode(payload, ctx), y)
         except CompressionOverflowError:
             assert Header.unpack(payload).flags & FLAG_OVERFLOW
+        except PayloadError:
+            assert Header.unpack(payload).flags & FLAG_FAILED
     return y
 
 
@@ -94,7 +98,7 @@ def check_header_edits(codec, x, ctx=None):
                    "wire_id": [0, codec.wire_id ^ 1, 255],
                    "config_hash": [header.config_hash ^ 1, 0 if header.config_hash else 1],
                    "body_len": [header.body_len + 1, header.body_len - 1, 2**63, 2**64 - 1],
-                   "flags": [4, 128, 255], "dtype": [3, 255], "contributors": [0]}
+                   "flags": [8, 128, 255], "dtype": [3, 255], "contributors": [0]}
     for field, values in must_reject.items():
         for value in values:
             bad = edit_header(payload, field, value)
@@ -103,7 +107,7 @@ def check_header_edits(codec, x, ctx=None):
             with pytest.raises(PayloadError):
                 codec.decode_with_header(bad, ctx)
     maybe = {"n": [0, 1, header.n - 1, header.n + 1, 2 * header.n + 1, 2**32, 2**40, 2**64 - 1],
-             "contributors": [2, 3, 2**31, 2**32 - 1], "flags": [0, 1, 2, 3],
+             "contributors": [2, 3, 2**31, 2**32 - 1], "flags": [0, 1, 2, 3, 4, 7],
              "dtype": [0, 1, 2], "reserved": [1, 2**16 - 1]}
     for field, values in maybe.items():
         for value in values:

@@ -35,8 +35,8 @@ import numpy as np
 from .._xp import HOST, backend_of
 from ..errors import CompressionOverflowError, PayloadError
 from .context import CodecContext, all_finite
-from .header import (FLAG_NONFINITE, FLAG_OVERFLOW, HEADER_SIZE, MAX_UNCHECKED_ELEMENTS,
-                     Header, wire_name)
+from .header import (FLAG_FAILED, FLAG_NONFINITE, FLAG_OVERFLOW, HEADER_SIZE,
+                     MAX_UNCHECKED_ELEMENTS, Header, dominant_flag, wire_name)
 
 __all__ = ["Codec"]
 
@@ -255,7 +255,8 @@ class Codec:
         ------
         PayloadError
             If the payload is malformed, truncated or made by another codec
-            or configuration.
+            or configuration, or flagged ``FAILED`` (made by a collective in
+            which a rank failed: it holds no data).
         CompressionOverflowError
             If the payload is flagged ``OVERFLOW``.
 
@@ -272,6 +273,9 @@ class Codec:
         ccl.errors.PayloadError: not a ccl payload (bad magic)
         """
         values, header = self.decode_with_header(payload, ctx)
+        if header.flags & FLAG_FAILED:
+            raise PayloadError(f"codec {self.codec_id!r}: the payload marks a collective in "
+                               "which a rank failed; it holds no data")
         if header.flags & FLAG_OVERFLOW:
             raise CompressionOverflowError(
                 f"codec {self.codec_id!r}: a sum overflowed the compressed format")
@@ -367,9 +371,8 @@ class Codec:
         contributors = ha.contributors + hb.contributors
         if contributors > 0xFFFFFFFF:
             raise PayloadError("too many contributors for one payload")
-        flags = ha.flags | hb.flags
-        if flags:
-            flag = FLAG_NONFINITE if flags & FLAG_NONFINITE else FLAG_OVERFLOW
+        flag = dominant_flag(ha.flags | hb.flags)
+        if flag:
             flagged = self.flagged_payload(ha.n, flag, contributors, dtype=ha.dtype)
             return be.to_device(flagged) if be.device else flagged
         ctx = CodecContext() if ctx is None else ctx

@@ -16,13 +16,30 @@ from .._xp import backend_of
 from ..errors import PayloadError
 
 __all__ = ["Header", "HEADER_SIZE", "MAGIC", "FORMAT_VERSION", "FLAG_NONFINITE",
-           "FLAG_OVERFLOW", "MAX_UNCHECKED_ELEMENTS", "claim_wire_id", "wire_name"]
+           "FLAG_OVERFLOW", "FLAG_FAILED", "MAX_UNCHECKED_ELEMENTS", "claim_wire_id",
+           "wire_name", "dominant_flag"]
 
 MAGIC = b"\xcc\x1d"
 FORMAT_VERSION = 1
 FLAG_NONFINITE = 1
 FLAG_OVERFLOW = 2
-_KNOWN_FLAGS = FLAG_NONFINITE | FLAG_OVERFLOW
+# A rank failed to encode, decode or add this payload's data (an exception mid-collective):
+# the flag travels with the data like the others, so every rank learns of the failure
+# instead of waiting for messages that never come.
+FLAG_FAILED = 4
+_KNOWN_FLAGS = FLAG_NONFINITE | FLAG_OVERFLOW | FLAG_FAILED
+
+
+def dominant_flag(flags):
+    """The one flag a payload combined from payloads with ``flags`` carries (0 if none).
+
+    A failure outranks non-finite input, which outranks an overflow: the
+    result of a sum is only as good as its worst part.
+    """
+    for flag in (FLAG_FAILED, FLAG_NONFINITE, FLAG_OVERFLOW):
+        if flags & flag:
+            return flag
+    return 0
 # A header-only (flagged) payload cannot prove its element count by its size;
 # without an expected count (CodecContext.n) larger claims are refused. The bound
 # caps what a few bytes can make a decoder allocate (512 MiB of float64; at 2^32
@@ -47,7 +64,8 @@ class Header:
     wire_id : int
         The codec's numeric id (``Codec.wire_id``).
     flags : int
-        Bit 0 ``NONFINITE`` (decodes to NaN), bit 1 ``OVERFLOW``.
+        Bit 0 ``NONFINITE`` (decodes to NaN), bit 1 ``OVERFLOW``, bit 2
+        ``FAILED`` (a rank failed mid-collective; decodes to NaN).
     dtype : numpy.dtype
         The dtype that :meth:`Codec.decode` returns.
     contributors : int

@@ -14,8 +14,9 @@ import math
 import numpy as np
 
 from .._xp import array_module
-from ..codecs.context import CodecContext
-from ..codecs.header import FLAG_NONFINITE
+from ..codecs.context import CodecContext, all_finite
+from ..codecs.header import (FLAG_FAILED, FLAG_NONFINITE, FLAG_OVERFLOW, Header,
+                             dominant_flag)
 
 __all__ = ["Call", "SendQueue", "WORKER", "RELAY", "OWNER", "chunk_bounds", "segment_count",
            "DEFAULT_SEGMENT_BYTES", "SEGMENT_ID_STRIDE"]
@@ -92,10 +93,23 @@ class Call:
         works on a *unit*: segment ``k`` of chunk ``j`` is unit ``j * segments + k``,
         with its own lossy points, seeds and flags (segment 0 keeps the chunk's
         id); with one segment per chunk, units are the chunks.
+    x : array, optional
+        This rank's input (to tell an overflowing sum from non-finite input).
+
+    Notes
+    -----
+    **Flags travel with the data.** A payload flagged ``NONFINITE``,
+    ``OVERFLOW`` or ``FAILED`` that a rank decodes into a partial sum makes the
+    payload it encodes from that sum carry the flag too, so the final payloads,
+    which every rank decodes, carry every flag of every contribution. A sum
+    that becomes infinite from finite contributions is flagged ``OVERFLOW``.
+    An exception in the codec on one rank does not stop that rank: the unit is
+    sent flagged ``FAILED`` (:meth:`fail`), the collective runs to its end on
+    every rank, and then every rank raises (see :mod:`ccl.collectives.plan`).
     """
 
     def __init__(self, channel, codec, n, parts, tag, step, key, state, offset=0,
-                 chunk_base=0, segments=1):
+                 chunk_base=0, segments=1, x=None):
         self.channel = channel
         self.rank = channel.rank
         self.size = channel.size
@@ -117,6 +131,9 @@ class Call:
         self.shared = None  # per chunk: agreed statistics (homomorphic codecs)
         self.flags = 0  # OR of the flags of every payload the result was decoded from
         self.nonfinite_chunks = set()  # chunks whose result decoded to NaN
+        self.input = x
+        self.inherited = {}  # unit -> flags of the payloads decoded into its partial sum
+        self.error = None  # the first exception of this rank's codec, if any
 
     # ------------------------------------------------------------------ chunks
     def chunk(self, x, j):
@@ -146,29 +163,76 @@ class Call:
     # ------------------------------------------------------------------ codec
     def encode(self, values, j, role):
         """Encode ``values`` (unit ``j``) at lossy point ``(role, j)`` with error feedback."""
+        inherited = self.inherited.pop(j, 0)
+        if inherited:  # the partial sum holds flagged data: pass the flag on, unencoded
+            return self.flagged(dominant_flag(inherited), j, values)
         ctx = self.context(j)
-        if self.state is None:
-            return self.codec.encode(values, ctx)
         point = (role, self.unit_id(j))
-        residual = self.state.residual(point)
-        target = values if residual is None else values + residual
-        payload = self.codec.encode(target, ctx)
-        decoded, header = self.codec.decode_with_header(payload, ctx)
-        if not header.flags:
-            # A non-finite or overflowed chunk leaves the residual as it was (not poisoned).
+        try:
+            residual = None if self.state is None else self.state.residual(point)
+            target = values if residual is None else values + residual
+            payload = self.codec.encode(target, ctx)
+            if self.state is None:
+                flags = Header.unpack(payload).flags
+            else:
+                decoded, header = self.codec.decode_with_header(payload, ctx)
+                flags = header.flags
+        except Exception as exc:  # every rank must still finish the collective
+            self.fail(exc)
+            return self.flagged(FLAG_FAILED, j, values)
+        if flags & FLAG_NONFINITE and self._own_input_finite(j, values):
+            # finite contributions, infinite sum: the format overflowed, not the input
+            return self.flagged(FLAG_OVERFLOW, j, values)
+        if not flags and self.state is not None:
+            # A non-finite or overflowed unit leaves the residual as it was (not poisoned).
             self.state.stage(point, self.offset + int(self.bounds[j]),
                              self.offset + int(self.bounds[j + 1]),
                              (target - decoded).astype(target.dtype, copy=False))
         return payload
 
+    def _own_input_finite(self, j, values):
+        own = values if self.input is None else self.unit(self.input, j)
+        return all_finite(own)
+
+    def flagged(self, flag, j, like):
+        """A header-only payload for unit ``j`` flagged ``flag``, in ``like``'s array module."""
+        n = int(self.bounds[j + 1] - self.bounds[j])
+        payload = self.codec.flagged_payload(n, flag)
+        xp = array_module(like)
+        return payload if xp is np else xp.asarray(payload)
+
+    def fail(self, exc):
+        """Record that this rank's codec raised ``exc`` (the first one is reported)."""
+        if self.error is None:
+            self.error = exc
+
+    def _decode(self, payload, j):
+        """``(values, flags)`` of a payload of unit ``j``; NaN and None if decoding raised."""
+        try:
+            values, header = self.codec.decode_with_header(payload, self.context(j))
+            return values, header.flags
+        except Exception as exc:
+            self.fail(exc)
+            n = int(self.bounds[j + 1] - self.bounds[j])
+            return array_module(payload).full(n, np.nan, dtype=np.float32), None
+
     def decode(self, payload, j):
-        """Decode an intermediate payload of unit ``j`` (flags do not raise here)."""
-        return self.codec.decode_with_header(payload, self.context(j))[0]
+        """Decode an intermediate payload of unit ``j``; its flags pass to the unit's sum."""
+        values, flags = self._decode(payload, j)
+        flags = FLAG_FAILED if flags is None else flags
+        if flags:
+            self.inherited[j] = self.inherited.get(j, 0) | flags
+        return values
 
     def decode_result(self, payload, j):
-        """Decode a payload the result is made of; remembers its flags for the final check."""
-        values, header = self.codec.decode_with_header(payload, self.context(j))
-        self.note_flags(header.flags, j)
+        """Decode a payload the result is made of; remembers its flags for the final check.
+
+        A payload this rank fails to decode is its own failure (:attr:`error`),
+        not a flag: the other ranks decode the same bytes without it.
+        """
+        values, flags = self._decode(payload, j)
+        if flags is not None:
+            self.note_flags(flags, j)
         return values
 
     def decode_into(self, out, payload, j):
@@ -197,6 +261,7 @@ class Call:
             return array_module(parts[0]).concatenate(parts)
         start, isfinite = self.bounds[units[0]], array_module(exact).isfinite
         for u in units:
+            self.note_flags(self.inherited.pop(u, 0), u)  # the sum holds flagged data
             if not isfinite(exact[self.bounds[u] - start:self.bounds[u + 1] - start]).all():
                 self.mark_nonfinite(u)
         return exact
@@ -212,8 +277,12 @@ class Call:
         self.nonfinite_chunks.add(self.unit_id(j))
 
     def add(self, a, b, j):
-        """Homomorphic sum of two payloads of unit ``j``."""
-        return self.codec.add(a, b, self.context(j))
+        """Homomorphic sum of two payloads of unit ``j`` (flags combine; ``FAILED`` if it raises)."""
+        try:
+            return self.codec.add(a, b, self.context(j))
+        except Exception as exc:
+            self.fail(exc)
+            return self.flagged(FLAG_FAILED, j, a)
 
     def agree_shared_stats(self, x):
         """Agree on the codec's per-unit statistics of ``x`` (one small MAX allreduce).

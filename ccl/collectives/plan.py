@@ -23,11 +23,11 @@ import numpy as np
 
 from .. import config
 from .._xp import backend_of
-from ..agreement import agree
+from ..agreement import agree, report_failure
 from ..codecs import get_codec
 from ..codecs.context import all_finite
-from ..codecs.header import FLAG_OVERFLOW
-from ..errors import CompressionOverflowError, NonFiniteError
+from ..codecs.header import FLAG_FAILED, FLAG_OVERFLOW
+from ..errors import CompressionOverflowError, NonFiniteError, PeerError
 from . import auto
 from .base import DEFAULT_SEGMENT_BYTES, Call, segment_count
 from .algorithms import ALGORITHMS, REDUCE_SCATTER
@@ -199,6 +199,7 @@ def run(channel, feedback, collective, x, options, key=None, **overrides):
     """
     request = Request(collective, x, options, overrides)
     tag = channel.begin(f"{collective}(key={key!r})", request.timeout)
+    completed = False
     try:
         step = feedback.step(key) if key is not None else channel.calls
         flagged = agree(channel.comm, collective, request.fields(key, step), request.error,
@@ -208,8 +209,9 @@ def run(channel, feedback, collective, x, options, key=None, **overrides):
                                  f"to {collective} (check_finite=True)")
         algorithm = request.resolve(channel)
         total = _reduce(channel, feedback, request, algorithm, key, step, tag)
+        completed = True
     finally:
-        channel.end()
+        channel.end(completed)
     options, codec, p = request.options, request.codec, channel.size
     if options.op == "mean" and not codec.predivide_mean and p > 1:
         total = total / p
@@ -235,10 +237,10 @@ def _reduce(channel, feedback, request, algorithm, key, step, tag):
     try:
         for index, (start, stop, piece_codec, piece_algorithm) in enumerate(
                 pieces(request, algorithm, p)):
-            call = _call(channel, request, piece_codec, piece_algorithm, stop - start, key,
-                         state, step, tag, start, index * p)
-            results.append(_dispatch(call, request.collective, piece_algorithm,
-                                     flat[start:stop]))
+            piece = flat[start:stop]
+            call = _call(channel, request, piece_codec, piece_algorithm, piece, key, state,
+                         step, tag, start, index * p)
+            results.append(_dispatch(call, request.collective, piece_algorithm, piece))
             skip.update(call.nonfinite_chunks)
     except BaseException:
         if state is not None:
@@ -249,12 +251,14 @@ def _reduce(channel, feedback, request, algorithm, key, step, tag):
     return results[0] if len(results) == 1 else request.backend.xp.concatenate(results)
 
 
-def _call(channel, request, codec, algorithm, n, key, state, step, tag, offset, chunk_base):
-    module = ALGORITHMS[algorithm]
+def _call(channel, request, codec, algorithm, piece, key, state, step, tag, offset,
+          chunk_base):
+    module, n = ALGORITHMS[algorithm], piece.size
     parts = channel.size if module.CHUNKED else 1
     segments = (segment_count(n, parts, request.segment_bytes, codec.bits_per_value)
                 if module.CHUNKED else 1)
-    return Call(channel, codec, n, parts, tag, step, key, state, offset, chunk_base, segments)
+    return Call(channel, codec, n, parts, tag, step, key, state, offset, chunk_base, segments,
+                x=piece)
 
 
 def _dispatch(call, collective, algorithm, flat):
@@ -267,9 +271,27 @@ def _dispatch(call, collective, algorithm, flat):
         module = ALGORITHMS[algorithm]
         result = (module.allreduce(call, flat) if collective == "allreduce"
                   else module.reduce_scatter(call, flat))
+    _raise_flags(call, collective)
+    return result
+
+
+def _raise_flags(call, collective):
+    """Raise what the result's flags (and this rank's own failure) call for.
+
+    Every rank decoded the same final payloads of an allreduce or allgather,
+    so every rank sees the same flags and raises alike. A reduce-scatter rank
+    decodes its own block only: it raises for what that block holds.
+    """
+    if call.flags & FLAG_FAILED and collective != "reduce_scatter":
+        # some rank's codec failed mid-collective; every rank saw it in the result
+        report_failure(call.channel.comm, collective, call.error, wait=call.channel.wait)
+    if call.error is not None:
+        raise call.error
+    if call.flags & FLAG_FAILED:
+        raise PeerError(f"another rank failed in the middle of {collective} while reducing "
+                        "this rank's block; the call has no result")
     if call.flags & FLAG_OVERFLOW:
         # Every rank decoded the same final payloads, so every rank raises here.
         raise CompressionOverflowError(
             f"codec {call.codec.codec_id!r}: the sum overflowed its compressed format; use "
             "op='mean', scale the input down, or a wider codec")
-    return result

@@ -160,7 +160,7 @@ def cases(draw, codec):
         raw = np.frombuffer(draw(st.binary(max_size=400)), np.uint8)
         n = draw(st.one_of(st.sampled_from([0, 1, raw.size, 5 * raw.size + 3, 1 << 40]),
                            st.integers(0, 4 * raw.size + 64)))
-        flags = draw(st.sampled_from([0, 0, 0, 1, 2, 3]))
+        flags = draw(st.sampled_from([0, 0, 0, 1, 2, 3, 4, 7]))
         payload = codec.pack(raw, n, flags=flags,
                              contributors=draw(st.sampled_from([1, 1, 2, 3, 255, 2**32 - 1])))
         return kind, payload, draw(_contexts(n)), None
