@@ -216,6 +216,9 @@ def test_the_checks_see_what_they_look_for():
         "    return (threelc._ABS_MASKS, ccl.codecs.onebit._bit(1, 2), k._mix, threelc.K,\n"
         "            k.__name__, _threelc_kernels.ZERO_BYTE)\n")
     module = "ccl.codecs._thc_cuda"
+    loaded = {name for name, *_ in _bindings(module, ast.parse(source))}
+    assert {"ccl.codecs.threelc", "ccl.codecs._threelc_kernels",
+            "ccl.codecs.onebit"} <= loaded  # the import inside f() counts too
     found = private_reaches(module, ast.parse(source))
     assert found == {(module, "ccl.codecs.threelc", "_BODY_HEADER"),
                      (module, "ccl.codecs.threelc", "_ABS_MASKS"),
