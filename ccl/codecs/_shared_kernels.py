@@ -29,7 +29,7 @@ def masked_max(bits, mask):
         top = max(top, bits[i] & mask)
     return top
 
-__all__ = ["mix64", "stream64", "uniform_below", "f32_round_up", "sized_kernel",
+__all__ = ["mix64", "stream64", "mulhi64", "uniform_below", "f32_round_up", "sized_kernel",
            "PARALLEL_MIN_SIZE"]
 
 # Below this many elements a kernel runs serially: waking numba's thread pool costs
@@ -58,8 +58,11 @@ def stream64(seed, counter):
 
 
 @njit
-def _mulhi64(a, b):
-    # High 64 bits of the 128-bit product a*b, from 32-bit halves (numba has no uint128).
+def mulhi64(a, b):
+    """High 64 bits of the 128-bit product ``a * b`` (uint64), from 32-bit halves.
+
+    numba has no 128-bit integer type.
+    """
     a_lo, a_hi = a & _MASK32, a >> np.uint64(32)
     b_lo, b_hi = b & _MASK32, b >> np.uint64(32)
     lo_lo = a_lo * b_lo
@@ -92,7 +95,7 @@ def uniform_below(seed, counter, bound):
             r = stream64(seed, np.uint64(counter) + attempt * np.uint64(1 << 62))
             lo = r * s
             attempt += np.uint64(1)
-    return _mulhi64(r, s)
+    return mulhi64(r, s)
 
 
 def f32_round_up(value):

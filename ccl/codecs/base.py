@@ -226,9 +226,9 @@ class Codec:
         x = self.check_input(x)
         ctx = CodecContext() if ctx is None else ctx
         if be.device:
-            from . import _device  # numba.cuda is imported only for device input
+            from . import device  # the codec's device twin (numba.cuda only from here)
 
-            return _device.encode(self, x, ctx, be)
+            return device.encode(self, x, ctx, be)
         if not all_finite(x) or (ctx.shared is not None and not np.isfinite(ctx.shared).all()):
             return self.flagged_payload(x.size, FLAG_NONFINITE)
         body, flags = self._encode(x, ctx)
@@ -314,9 +314,9 @@ class Codec:
                                    "CodecContext(n=...) to decode payloads this large")
             return be.xp.full(header.n, np.nan, dtype=header.dtype), header
         if be.device:
-            from . import _device
+            from . import device
 
-            values = _device.decode(self, header, payload[HEADER_SIZE:], ctx, be)
+            values = device.decode(self, header, payload[HEADER_SIZE:], ctx, be)
         else:
             values = self._decode(header, payload[HEADER_SIZE:], ctx)
         if values.shape != (header.n,):
@@ -377,9 +377,9 @@ class Codec:
             return be.to_device(flagged) if be.device else flagged
         ctx = CodecContext() if ctx is None else ctx
         if be.device:
-            from . import _device
+            from . import device
 
-            return _device.add(self, ha, a[HEADER_SIZE:], hb, b[HEADER_SIZE:], ctx, be)
+            return device.add(self, ha, a[HEADER_SIZE:], hb, b[HEADER_SIZE:], ctx, be)
         return self._add(ha, a[HEADER_SIZE:], hb, b[HEADER_SIZE:], ctx)
 
     def shared_stats(self, x):
@@ -499,10 +499,10 @@ class Codec:
         """
         be = HOST if isinstance(body, (bytes, bytearray)) else backend_of(body)
         if be.device:
-            from . import _device
+            from . import device
 
-            return _device.pack(self, body, n, be, flags=flags, contributors=contributors,
-                                dtype=dtype)
+            return device.pack(self, body, n, be, flags=flags, contributors=contributors,
+                               dtype=dtype)
         body = np.frombuffer(body, dtype=np.uint8) if isinstance(body, (bytes, bytearray)) \
             else np.asarray(body, dtype=np.uint8).reshape(-1)
         header = Header(self.wire_id, flags, np.dtype(dtype), contributors, self.config_hash,

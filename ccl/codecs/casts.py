@@ -55,6 +55,7 @@ class NoneCodec(_CastCodec):
 
     codec_id = "none"
     wire_id = 1
+    device_twin = "ccl.codecs._casts_cuda:NoneTwin"  # see ccl.codecs.device
     input_dtypes = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
     identity = True
     encode_gbps, decode_gbps = 5.35, 4.92
@@ -140,6 +141,7 @@ class FP16Codec(_CastCodec):
 
     codec_id = "fp16"
     wire_id = 2
+    device_twin = "ccl.codecs._casts_cuda:FP16Twin"  # see ccl.codecs.device
     predivide_mean = True
     bits_per_value = 16.0
     encode_gbps, decode_gbps = 2.13, 2.52
@@ -189,6 +191,7 @@ class BF16Codec(_CastCodec):
 
     codec_id = "bf16"
     wire_id = 3
+    device_twin = "ccl.codecs._casts_cuda:BF16Twin"  # see ccl.codecs.device
     predivide_mean = True
     bits_per_value = 16.0
     encode_gbps, decode_gbps = 5.50, 6.21

@@ -222,6 +222,7 @@ class DitheringCodec(Codec):
 
     codec_id = "dithering"
     wire_id = 11
+    device_twin = "ccl.codecs._dithering_cuda:DitheringTwin"  # see ccl.codecs.device
     homomorphic = False
     error_feedback = True
     encode_gbps, decode_gbps = 2.85, 7.10

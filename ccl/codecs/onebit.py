@@ -119,6 +119,7 @@ class OneBitCodec(Codec):
 
     codec_id = "onebit"
     wire_id = 10
+    device_twin = "ccl.codecs._onebit_cuda:OneBitTwin"  # see ccl.codecs.device
     homomorphic = False
     error_feedback = True
     bits_per_value = 1.1  # a bit per value, plus a scale per chunk

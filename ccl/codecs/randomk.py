@@ -184,6 +184,7 @@ class RandomKCodec(Codec):
 
     codec_id = "randomk"
     wire_id = 9
+    device_twin = "ccl.codecs._randomk_cuda:RandomKTwin"  # see ccl.codecs.device
     homomorphic = True
     error_feedback = True
     encode_gbps, decode_gbps = 11.92, 6.07

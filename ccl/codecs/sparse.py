@@ -138,9 +138,9 @@ def _device_ops(x):
     """The device twins of the selection kernels when ``x`` is a device array, else None."""
     if not backend_of(x).device:
         return None
-    from . import _device  # numba.cuda is imported only for device input
+    from . import _sparse_device
 
-    return _device.SPARSE
+    return _sparse_device.OPS
 
 
 def _count_above(x, t):
@@ -229,6 +229,7 @@ class _SparseCodec(Codec):
     homomorphic = False
     error_feedback = True
     sparse = True
+    device_twin = "ccl.codecs._sparse_cuda:SparseTwin"  # see ccl.codecs.device
 
     @property
     def bits_per_value(self):
@@ -400,7 +401,7 @@ class TopKCodec(_SparseCodec):
 
 # ------------------------------------------------------------------- SIDCo
 class _HostFit:
-    """The statistics a SIDCo fit reads, by the numba kernels (see ``_device`` for the GPU)."""
+    """The statistics a SIDCo fit reads, by the numba kernels (``_sparse_device`` on a GPU)."""
 
     @staticmethod
     def moments(x):

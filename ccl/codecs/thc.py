@@ -98,6 +98,7 @@ class THCCodec(Codec):
 
     codec_id = "thc"
     wire_id = 5
+    device_twin = "ccl.codecs._thc_cuda:THCTwin"  # see ccl.codecs.device
     homomorphic = True
     error_feedback = True
     shared_statistics = True
@@ -281,6 +282,10 @@ class THCCodec(Codec):
 
     # --------------------------------------------------------------- addition
     def _add(self, ha, a_body, hb, b_body, ctx):
+        return self._add_with(ha, a_body, hb, b_body, ctx, _k.add_lanes)
+
+    def _add_with(self, ha, a_body, hb, b_body, ctx, add_lanes):
+        """:meth:`_add` with the lane kernel ``add_lanes`` (the device twin passes its own)."""
         a_width, zero, max_norm, a_data = self._parse(ha, a_body, ctx)
         b_width, _, b_norm, b_data = self._parse(hb, b_body, ctx)
         if max_norm != b_norm:
@@ -297,9 +302,6 @@ class THCCodec(Codec):
         be.upload(body[:BODY_HEADER_SIZE],
                   self._body_head(KIND_LANES, width, zero, max_norm, ctx, padded))
         if not zero:
-            add_lanes = _k.add_lanes
-            if be.device:
-                from ._device import thc_add_lanes as add_lanes
             add_lanes(a_data, a_width, b_data, b_width, self.bits, self._levels_u32(),
                       padded, body[BODY_HEADER_SIZE:], width)
         return self.pack(body, ha.n, contributors=contributors, dtype=ha.dtype)
@@ -309,16 +311,22 @@ class THCCodec(Codec):
 
 
 def _norm(x):
-    """||x||_2 in float64, without overflow for float64 input near its range limit."""
+    """||x||_2 in float64, without overflow for float64 input near its range limit.
+
+    Device arrays are summed by the array module's ``dot``, in another order
+    than the CPU kernel: the norms can differ in their last bits.
+    """
     if x.size == 0:
         return 0.0
     be = backend_of(x)
-    if be.device:
-        from ._device import thc_norm
-
-        return thc_norm(x, be)
-    total = _k.sum_squares(x)
+    sum_squares = _device_sum_squares if be.device else _k.sum_squares
+    total = sum_squares(x)
     if math.isfinite(total):
         return math.sqrt(total)
-    big = float(np.max(np.abs(x)))
-    return big * math.sqrt(_k.sum_squares(x / big))
+    big = float(be.xp.abs(x).max())
+    return big * math.sqrt(sum_squares(x / big))
+
+
+def _device_sum_squares(x):
+    x64 = x.astype(np.float64)
+    return float(backend_of(x).xp.dot(x64, x64))

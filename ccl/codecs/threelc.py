@@ -161,6 +161,7 @@ class ThreeLCCodec(Codec):
 
     codec_id = "3lc"
     wire_id = 4
+    device_twin = "ccl.codecs._threelc_cuda:ThreeLCTwin"  # see ccl.codecs.device
     homomorphic = False
     error_feedback = True
     bits_per_value = 1.6  # 5 ternary values per byte before the zero-run pass shrinks it

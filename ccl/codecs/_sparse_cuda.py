@@ -1,0 +1,133 @@
+"""Device twin of the sparsifying codecs (see :mod:`.sparse`): the body around a selection.
+
+The codecs' own ``_select`` chooses the indices on the device (with
+:mod:`._sparse_device`); this twin writes and reads the wire format:
+indices as u32 words or bit-packed gaps, and float32 values.
+"""
+
+import numpy as np
+from numba import cuda
+
+from ._cuda_common import LOW32, empty_body, launch, put, scatter
+from .context import all_finite
+from .device import DeviceTwin
+from .header import FLAG_OVERFLOW
+from .sparse import _BODY_HEAD, BODY_HEAD_SIZE, ENC_ABSOLUTE, ENC_DENSE, VALUES_F32, _layout
+
+__all__ = ["SparseTwin"]
+
+
+@cuda.jit
+def pack_gaps(idx, w, out):
+    """Word o of the LSB-first stream of ``w``-bit gaps ``idx[j] - idx[j-1] - 1``."""
+    k = idx.size
+    for o in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        word = np.uint64(0)
+        lo = 32 * o
+        j = lo // w
+        while j < k and j * w < lo + 32:
+            prev = idx[j - 1] if j > 0 else np.int64(-1)
+            gap = np.uint64(idx[j] - prev - 1)
+            at = j * w - lo  # bit of the word where gap j starts (may be negative)
+            if at >= 0:
+                word |= gap << np.uint64(at)
+            else:
+                word |= gap >> np.uint64(-at)
+            j += 1
+        out[o] = np.uint32(word & LOW32)
+
+
+@cuda.jit
+def unpack_gaps(words, w, gaps):
+    """``gaps[j]`` = bits ``j*w .. j*w + w - 1`` of the LSB-first word stream, plus one."""
+    mask = (np.uint64(1) << np.uint64(w)) - np.uint64(1)
+    for j in range(cuda.grid(1), gaps.size, cuda.gridsize(1)):
+        g = j * w
+        o = g // 32
+        at = np.uint64(g % 32)
+        acc = np.uint64(words[o]) >> at
+        if o + 1 < words.size:
+            acc |= np.uint64(words[o + 1]) << (np.uint64(32) - at)
+        gaps[j] = np.int64(acc & mask) + 1
+
+
+@cuda.jit
+def check_absolute(idx, n, first_error):
+    """Smallest ``4*j + c`` over bad indices j: c=0 not ascending, c=1 out of range."""
+    for j in range(cuda.grid(1), idx.size, cuda.gridsize(1)):
+        i = np.int64(idx[j])
+        if j > 0 and i <= np.int64(idx[j - 1]):
+            cuda.atomic.min(first_error, 0, np.int64(4 * j))
+        elif i >= n:
+            cuda.atomic.min(first_error, 0, np.int64(4 * j + 1))
+
+
+class SparseTwin(DeviceTwin):
+    """``topk``, ``dgc`` and ``sidco`` on the device (a subclass's ``_select`` is used)."""
+
+    replaces = DeviceTwin.replaces + ("_body",)
+
+    @staticmethod
+    def encode(codec, x, ctx, be):
+        xp = be.xp
+        n = x.size
+        idx = codec._select(x, ctx) if n else xp.empty(0, dtype=np.int64)
+        k = int(idx.size)
+        with np.errstate(over="ignore"):
+            values = x[idx].astype(np.float32) if k < n else x.astype(np.float32)
+        if x.dtype != np.float32 and not all_finite(values):
+            return empty_body(be), FLAG_OVERFLOW
+        max_gap = 0
+        if k:
+            gaps = xp.diff(idx, prepend=-1) - 1
+            max_gap = int(gaps.max())
+        encoding, width, index_bytes = _layout(n, k, max_gap)
+        head = BODY_HEAD_SIZE
+        if encoding == ENC_DENSE:
+            body = xp.zeros(head + 4 * n, dtype=np.uint8)
+            put(be, body[:head], _BODY_HEAD.pack(ENC_DENSE, VALUES_F32, 0, n, 0))
+            body[head:].view(np.float32)[idx] = values
+            return body, 0
+        body = xp.empty(head + index_bytes + 4 * k, dtype=np.uint8)
+        put(be, body[:head], _BODY_HEAD.pack(encoding, VALUES_F32, 0, k, width))
+        words = body[head:head + index_bytes].view(np.uint32)
+        if encoding == ENC_ABSOLUTE:
+            words[:] = idx.astype(np.uint32)
+        else:
+            launch(be, pack_gaps, words.size, idx, width, words)
+        body[head + index_bytes:].view(np.float32)[:] = values
+        return body, 0
+
+    @staticmethod
+    def decode(codec, header, body, ctx, be):
+        xp = be.xp
+        n = header.n
+        encoding, k, width, index_bytes = codec._parse(header, body, ctx)
+        head = BODY_HEAD_SIZE
+        if encoding == ENC_DENSE:
+            return body[head:].view(np.float32).copy()
+        words = body[head:head + index_bytes].view(np.uint32)
+        values = body[head + index_bytes:].view(np.float32)
+        out = xp.zeros(n, dtype=np.float32)
+        if encoding == ENC_ABSOLUTE:
+            first = xp.full(1, 4 * k + 4, dtype=np.int64)
+            launch(be, check_absolute, k, words, n, first)
+            bad = int(be.to_host(first)[0])
+            if bad < 4 * k:
+                codec._reject_scatter(3 if bad % 4 == 0 else 1, n)
+            idx = words.astype(np.int64)
+        else:
+            if width == 0:
+                idx = xp.arange(k, dtype=np.int64)
+            else:
+                steps = xp.empty(k, dtype=np.int64)
+                launch(be, unpack_gaps, k, words, width, steps)
+                idx = xp.cumsum(steps) - 1
+            if k and int(idx[-1]) >= n:
+                codec._reject_scatter(1, n)
+            used = k * width
+            if words.size and used % 32 and int(be.to_host(words[-1:])[0]) >> (used % 32):
+                codec._reject_scatter(2, n)
+        if k:
+            launch(be, scatter, k, values, idx, out)
+        return out
