@@ -225,7 +225,7 @@ def read(name, environ=None):
     Raises
     ------
     KeyError
-        If ``name`` is not one of :data:`VARIABLES`.
+        If ``name`` is not one of ``VARIABLES``.
     ValueError
         If the value breaks the variable's rule.
     """

@@ -4,9 +4,9 @@ An algorithm module (``ring``, ``tree``, ``direct``, ``allgather``) is a pair of
 functions ``allreduce(call, x)`` and, where it fits, ``reduce_scatter(call, x)``,
 written against this small interface: chunk views, encoding at a named lossy
 point (error feedback is applied here, once for every algorithm), decoding,
-homomorphic adds, and the channel's byte transport. The public functions in
-:mod:`ccl.api` build the call, check that the ranks agree, and turn the
-algorithm's sum into the user's result.
+homomorphic adds, and the channel's byte transport.
+:func:`ccl.collectives.plan.run` builds the call after the ranks agree, and
+turns the algorithm's sum into the user's result.
 """
 
 import math
@@ -154,7 +154,7 @@ class Call:
         return self.chunk_base + j + k * SEGMENT_ID_STRIDE
 
     def context(self, j):
-        """The :class:`CodecContext` for unit ``j`` on this rank."""
+        """The :class:`~ccl.codecs.CodecContext` for unit ``j`` on this rank."""
         shared = None if self.shared is None else self.shared[j]
         return CodecContext(step=self.step, key=self.key, chunk=self.unit_id(j),
                             rank=self.rank,
@@ -227,7 +227,7 @@ class Call:
     def decode_result(self, payload, j):
         """Decode a payload the result is made of; remembers its flags for the final check.
 
-        A payload this rank fails to decode is its own failure (:attr:`error`),
+        A payload this rank fails to decode is its own failure (``error``),
         not a flag: the other ranks decode the same bytes without it.
         """
         values, flags = self._decode(payload, j)

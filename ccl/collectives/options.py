@@ -37,7 +37,7 @@ class Options:
     op : str
         ``"sum"`` or ``"mean"``.
     algorithm : str
-        A name of :data:`ccl.collectives.ALGORITHM_NAMES`.
+        A name of ``ccl.collectives.ALGORITHM_NAMES``.
     check_finite : bool
     timeout : float or None
         Seconds; ``math.inf`` waits forever; None: ``CCL_TIMEOUT``.
