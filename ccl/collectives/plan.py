@@ -170,7 +170,10 @@ def pieces(request, algorithm, size):
         stop = min(start + per, n)
         piece_codec, piece_algorithm = codec, algorithm
         nbytes = (stop - start) * itemsize
-        if options.min_compress_bytes and nbytes < options.min_compress_bytes:
+        # an allgather's blocks differ in size between ranks, so a size rule could pick
+        # different codecs on different ranks: the call's codec is used for every block
+        if (options.min_compress_bytes and nbytes < options.min_compress_bytes
+                and request.collective != "allgather"):
             piece_codec = get_codec(None)
             if request.collective == "allreduce":
                 piece_algorithm = "mpi" if flat.dtype in MPI_DTYPES else "ring"
@@ -240,7 +243,9 @@ def _reduce(channel, feedback, request, algorithm, key, step, tag):
             piece = flat[start:stop]
             call = _call(channel, request, piece_codec, piece_algorithm, piece, key, state,
                          step, tag, start, index * p)
-            results.append(_dispatch(call, request.collective, piece_algorithm, piece))
+            # sums past the float range and NaN are reported by the payload flags
+            with np.errstate(over="ignore", invalid="ignore"):
+                results.append(_dispatch(call, request.collective, piece_algorithm, piece))
             skip.update(call.nonfinite_chunks)
     except BaseException:
         if state is not None:
