@@ -31,8 +31,8 @@ from .errors import MismatchError, PeerError
 __all__ = ["agree", "report_failure", "field_crc"]
 
 # error code of a rank whose own arguments were rejected (0: accepted)
-_CODES = {TypeError: 1, ValueError: 2, MemoryError: 4}
-_NAMES = {1: "TypeError", 2: "ValueError", 3: "error", 4: "MemoryError"}
+_CODES = {TypeError: 1, ValueError: 2, MemoryError: 4, RuntimeError: 5}
+_NAMES = {1: "TypeError", 2: "ValueError", 3: "error", 4: "MemoryError", 5: "RuntimeError"}
 
 
 def field_crc(value):

@@ -418,6 +418,9 @@ class Communicator:
             If the state was saved with another codec configuration, or is
             not shaped like :meth:`state_dict` output.
         """
+        if not isinstance(state, dict) or "feedback" not in state:
+            raise ValueError(f"not a Communicator state (a dict from state_dict()), got "
+                             f"{type(state).__name__}")
         if state.get("codec") != self.codec.get_config():
             raise ValueError(f"state was saved with codec {state.get('codec')!r}, this "
                              f"communicator uses {self.codec.get_config()!r}")

@@ -15,7 +15,14 @@ import numpy as np
 
 from ._xp import array_module, to_numpy
 
-__all__ = ["ErrorFeedback", "KeyState"]
+__all__ = ["ErrorFeedback", "KeyState", "WORKER", "RELAY", "OWNER"]
+
+#: The three kinds of lossy point: a rank's own contribution, a partial sum
+#: re-encoded on its way, and the final chunk encoded by its owner.
+WORKER, RELAY, OWNER = "worker", "relay", "owner"
+_ROLES = (WORKER, RELAY, OWNER)
+# the dtypes a residual's layout may name
+_DTYPES = (np.dtype(np.float32).str, np.dtype(np.float64).str)
 
 
 class KeyState:
@@ -128,26 +135,61 @@ class ErrorFeedback:
     def load_state_dict(self, snapshot):
         """Replace the state with a snapshot from :meth:`state_dict`.
 
+        Everything is checked before anything is replaced: on a bad snapshot
+        the state stays as it was.
+
         Raises
         ------
         ValueError
-            If the snapshot is not shaped like :meth:`state_dict` output.
+            If the snapshot is not shaped like :meth:`state_dict` output: not a
+            dict, a layout that is not one, a residual of another dtype than
+            its layout's, not 1-D, of the wrong length for its range, outside
+            the tensor, or holding NaN or Inf.
         """
+        if not isinstance(snapshot, dict):
+            raise ValueError(f"an error-feedback state is a dict of keys, got "
+                             f"{type(snapshot).__name__}")
         keys = {}
-        try:
-            for key, entry in snapshot.items():
-                state = KeyState(tuple(entry["layout"]))
-                state.step = int(entry["step"])
-                for point, (start, stop, res) in entry["residuals"].items():
-                    res = array_module(res).array(res, copy=True)
-                    if res.ndim != 1 or res.size != int(stop) - int(start):
-                        raise ValueError(f"residual {point!r} of key {key!r} has {res.size} "
-                                         f"elements for range {start}:{stop}")
-                    state.residuals[tuple(point)] = (int(start), int(stop), res)
-                keys[key] = state
-        except (AttributeError, KeyError, TypeError) as exc:
-            raise ValueError(f"not an error-feedback state dict: {exc}") from None
+        for key, entry in snapshot.items():
+            try:
+                keys[key] = _checked_key(key, entry)
+            except (AttributeError, KeyError, TypeError, IndexError) as exc:
+                raise ValueError(f"key {key!r} is not an error-feedback state: "
+                                 f"{type(exc).__name__}: {exc}") from None
         self._keys = keys
+
+
+def _checked_key(key, entry):
+    """A :class:`KeyState` from a snapshot entry, every part validated."""
+    layout = tuple(entry["layout"])
+    n, dtype = layout[0], layout[1]
+    if not isinstance(n, (int, np.integer)) or n < 0 or dtype not in _DTYPES:
+        raise ValueError(f"key {key!r}: layout {layout!r} does not start with an element "
+                         "count and a float32/float64 dtype")
+    step = entry["step"]
+    if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"key {key!r}: step must be a non-negative int, got {step!r}")
+    state = KeyState(layout)
+    state.step = int(step)
+    for point, (start, stop, res) in entry["residuals"].items():
+        role, chunk = point
+        if role not in _ROLES or not isinstance(chunk, (int, np.integer)):
+            raise ValueError(f"key {key!r}: {point!r} is not a lossy point")
+        if not (isinstance(start, (int, np.integer)) and isinstance(stop, (int, np.integer))
+                and 0 <= start <= stop <= n):
+            raise ValueError(f"key {key!r}: residual {point!r} covers {start}:{stop}, "
+                             f"outside the tensor's {n} elements")
+        xp = array_module(res)
+        if getattr(res, "dtype", None) != np.dtype(dtype) or res.ndim != 1 \
+                or res.size != stop - start:
+            raise ValueError(f"key {key!r}: residual {point!r} must be a 1-D {np.dtype(dtype)} "
+                             f"array of {stop - start} elements for range {start}:{stop}, got "
+                             f"{getattr(res, 'dtype', type(res).__name__)} of shape "
+                             f"{getattr(res, 'shape', None)}")
+        if not bool(xp.isfinite(res).all()):
+            raise ValueError(f"key {key!r}: residual {point!r} holds NaN or Inf")
+        state.residuals[(role, int(chunk))] = (int(start), int(stop), xp.array(res, copy=True))
+    return state
 
 
 def _move_residuals(state, xp):

@@ -439,3 +439,18 @@ def test_huge_claimed_size_is_refused_before_allocation():
 @given(data=st.binary(max_size=200))
 def test_random_bytes_never_crash(data):
     check_random_bytes(get_codec("thc", block=8), data)
+
+
+def test_lanes_too_narrow_for_their_contributor_count_are_a_payload_error():
+    """A lanes payload of width 0 claiming 2^32-1 contributors (no lane holds that sum)."""
+    codec = get_codec("thc")
+    from ccl.tools.fuzz import edit_header
+    payload = codec.encode(gaussian(10, 3))  # 32-byte header, 24-byte body header, data
+    head = payload[:HEADER_SIZE + 24].copy()
+    head[HEADER_SIZE] = 1  # lanes ...
+    head[HEADER_SIZE + 1] = 0  # ... of width 0
+    head = edit_header(edit_header(head, "contributors", 2**32 - 1), "body_len", 24)
+    assert head.size == 56
+    for op in (lambda: codec.decode(head), lambda: codec.add(head, head)):
+        with pytest.raises(ccl.PayloadError, match="contributors"):
+            op()

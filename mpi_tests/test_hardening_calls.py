@@ -228,3 +228,75 @@ def test_a_float32_sum_past_the_range_raises_on_every_rank(comm, codec_id, algor
     x = np.full(64, 3e38, np.float32)  # finite on every rank; the sum is not
     with pytest.raises(ccl.CompressionOverflowError):
         ccl.compressed_allreduce(x, codec_id, comm=comm, algorithm=algorithm)
+
+
+# ------------------------------------------------------------------ loading state
+def _saved_state(comm):
+    c = ccl.Communicator(comm, codec="3lc", algorithm="direct", min_compress_bytes=0)
+    for _ in range(2):
+        c.allreduce(rank_input(comm.rank, 301), key="w")
+    return c, c.state_dict()
+
+
+def _edited(state, edit):
+    import copy
+    state = copy.deepcopy(state)
+    entry = state["feedback"]["w"]
+    point = sorted(entry["residuals"])[0]
+    start, stop, res = entry["residuals"][point]
+    edit(state, entry, point, start, stop, res)
+    return state
+
+
+BAD_STATES = {
+    "list instead of dict": lambda st, e, p, a, b, r: st.__setitem__("feedback", [1, 2]),
+    "junk layout": lambda st, e, p, a, b, r: e.__setitem__("layout", "junk"),
+    "object residual": lambda st, e, p, a, b, r: e["residuals"].__setitem__(
+        p, (a, b, np.array([object()] * (b - a)))),
+    "short residual": lambda st, e, p, a, b, r: e["residuals"].__setitem__(p, (a, b, r[:-1])),
+    "range outside": lambda st, e, p, a, b, r: e["residuals"].__setitem__(
+        p, (a + 10**6, b + 10**6, r)),
+    "nan residual": lambda st, e, p, a, b, r: r.__setitem__(0, np.nan),
+    "inf residual": lambda st, e, p, a, b, r: r.__setitem__(0, np.inf),
+    "negative step": lambda st, e, p, a, b, r: e.__setitem__("step", -1),
+    "not a point": lambda st, e, p, a, b, r: e["residuals"].__setitem__("x", (a, b, r)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_STATES))
+def test_load_state_dict_refuses_what_it_cannot_use(comm, case):
+    c, state = _saved_state(comm)
+    bad = _edited(state, BAD_STATES[case])
+    with pytest.raises(ValueError):
+        c.load_state_dict(bad)
+    # nothing was replaced: the state still works
+    assert c.state_dict()["feedback"]["w"]["step"] == 2
+    assert_same_on_all_ranks(comm, c.allreduce(rank_input(comm.rank, 301), key="w"))
+    with pytest.raises(ValueError):
+        c.load_state_dict([state])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_load_that_failed_on_one_rank_raises_everywhere_on_the_next_call(comm):
+    c, state = _saved_state(comm)
+    c.allreduce(rank_input(comm.rank, 301), key="w")
+    if comm.rank == 0:  # this rank's load fails and keeps its state (step 3) ...
+        with pytest.raises(ValueError):
+            c.load_state_dict(_edited(state, BAD_STATES["nan residual"]))
+    else:  # ... while the others go back to step 2
+        c.load_state_dict(state)
+    with pytest.raises(ccl.MismatchError):
+        c.allreduce(rank_input(comm.rank, 301), key="w")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_residual_that_does_not_fit_its_chunk_raises_everywhere(comm):
+    c, state = _saved_state(comm)
+    if comm.rank == 0:  # a residual range that passes the load checks but not the chunk map
+        entry = state["feedback"]["w"]
+        point = sorted(entry["residuals"])[0]
+        start, stop, res = entry["residuals"][point]
+        entry["residuals"][point] = (start, stop - 1, res[:-1])
+    c.load_state_dict(state)
+    with pytest.raises(ValueError if comm.rank == 0 else ccl.PeerError):
+        c.allreduce(rank_input(comm.rank, 301), key="w")

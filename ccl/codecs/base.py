@@ -303,6 +303,7 @@ class Codec:
         """
         be = backend_of(payload)
         header = self.read_header(payload)
+        payload = be.xp.ascontiguousarray(payload)  # bodies are viewed as other dtypes
         ctx = CodecContext() if ctx is None else ctx
         if ctx.n is not None and header.n != ctx.n:
             raise PayloadError(f"payload holds {header.n} elements, expected {ctx.n}")
@@ -366,6 +367,7 @@ class Codec:
         if backend_of(b) is not be:
             raise PayloadError("cannot add a host payload and a device payload")
         ha, hb = self.read_header(a), self.read_header(b)
+        a, b = be.xp.ascontiguousarray(a), be.xp.ascontiguousarray(b)
         if ha.n != hb.n:
             raise PayloadError(f"cannot add payloads of {ha.n} and {hb.n} elements")
         contributors = ha.contributors + hb.contributors

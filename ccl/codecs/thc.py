@@ -238,6 +238,9 @@ class THCCodec(Codec):
             data_len = 0 if zero else padded * bits // 8
         elif kind == KIND_LANES:
             expected = lane_bytes(header.contributors, self.g)
+            if expected == 0:
+                raise PayloadError(f"THC lanes cannot hold a sum of {header.contributors} "
+                                   "contributors (only an OVERFLOW-flagged payload can)")
             if width != expected:
                 raise PayloadError(f"THC lanes of {width} bytes for {header.contributors} "
                                    f"contributors; expected {expected}")

@@ -15,15 +15,13 @@ import numpy as np
 
 from .._xp import array_module
 from ..codecs.context import CodecContext, all_finite
+from ..feedback import OWNER, RELAY, WORKER
 from ..codecs.header import (FLAG_FAILED, FLAG_NONFINITE, FLAG_OVERFLOW, Header,
                              dominant_flag)
 
 __all__ = ["Call", "SendQueue", "WORKER", "RELAY", "OWNER", "chunk_bounds", "segment_count",
            "DEFAULT_SEGMENT_BYTES", "SEGMENT_ID_STRIDE"]
 
-# The three kinds of lossy point (docs/error-feedback.md): a rank's own contribution,
-# a partial sum re-encoded on its way, and the final chunk encoded by its owner.
-WORKER, RELAY, OWNER = "worker", "relay", "owner"
 
 #: Payload (wire) bytes per pipeline segment of ring and direct (``CCL_SEGMENT_BYTES``):
 #: about 8 ms at 1 Gbit/s, so that per-segment Python and message overheads stay small,
@@ -170,6 +168,10 @@ class Call:
         point = (role, self.unit_id(j))
         try:
             residual = None if self.state is None else self.state.residual(point)
+            if residual is not None and residual.shape != values.shape:
+                raise ValueError(f"the error-feedback residual of key {self.key!r} at {point} "
+                                 f"has {residual.size} elements for a chunk of {values.size}: "
+                                 "its state was loaded from another configuration")
             target = values if residual is None else values + residual
             payload = self.codec.encode(target, ctx)
             if self.state is None:

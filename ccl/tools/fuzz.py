@@ -24,7 +24,15 @@ Each example is one input of one kind (:data:`KINDS`):
     a valid payload with one header field (:data:`HEADER_FIELDS`) set to
     another value (boundaries, off-by-ones, random);
 ``body``
-    a valid payload with a run of body bytes overwritten.
+    a valid payload with a run of body bytes overwritten;
+``body-fields``
+    a valid payload whose first body bytes (where codecs keep kinds, widths
+    and counts) and contributor count are set to small or extreme values, so
+    combinations such as "integer lanes of width 0 for 2^32-1 contributors"
+    come up.
+
+Any of them may also be handed over as a non-contiguous ``uint8`` array (a
+strided view of the same bytes), as a caller slicing a buffer would.
 
 Valid payloads encode arrays drawn by hypothesis (sizes 0 to 300, any finite
 float32, sometimes NaN) under random contexts. The property
@@ -56,7 +64,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 __all__ = ["KINDS", "HEADER_FIELDS", "VARIANTS", "edit_header", "check_decode", "check_add",
            "cases", "codecs_to_fuzz", "fuzz_codec", "main"]
 
-KINDS = ("random", "random-body", "truncate", "extend", "bitflip", "header", "body")
+KINDS = ("random", "random-body", "truncate", "extend", "bitflip", "header", "body",
+         "body-fields")
 
 #: field -> (offset, struct format) in the 32-byte header (docs/wire-format.md).
 HEADER_FIELDS = {
@@ -152,6 +161,21 @@ def cases(draw, codec):
     ``valid`` is the valid payload the input was derived from (None for the
     ``random`` kinds); ``ctx`` is the decode context.
     """
+    kind, payload, ctx, valid = draw(_case(codec))
+    if draw(st.integers(0, 3)) == 0:
+        payload = _strided(payload)
+    return kind, payload, ctx, valid
+
+
+def _strided(payload):
+    """The same bytes as a non-contiguous view (every other byte of a larger buffer)."""
+    buffer = np.zeros(2 * payload.size, dtype=np.uint8)
+    buffer[::2] = payload
+    return buffer[::2]
+
+
+@st.composite
+def _case(draw, codec):
     kind = draw(st.sampled_from(KINDS))
     if kind == "random":
         raw = draw(st.binary(max_size=400))
@@ -182,6 +206,16 @@ def cases(draw, codec):
     elif kind == "header":
         field = draw(st.sampled_from(sorted(HEADER_FIELDS)))
         payload = edit_header(valid, field, draw(_header_values(field, valid)))
+    elif kind == "body-fields":
+        payload = edit_header(valid, "contributors",
+                              draw(st.sampled_from([1, 2, 3, 2**31, 2**32 - 1])))
+        if size > HEADER_SIZE:
+            i = draw(st.integers(HEADER_SIZE, min(size, HEADER_SIZE + 4) - 1))
+            payload[i] = draw(st.sampled_from([0, 1, 2, 4, 255]))
+        if draw(st.booleans()):  # the body cut after its own header, lengths kept consistent
+            keep = draw(st.sampled_from([0, 8, 16, 24, 32, 40]))
+            payload = edit_header(payload[:HEADER_SIZE + keep], "body_len",
+                                  min(keep, max(size - HEADER_SIZE, 0)))
     else:  # body: overwrite a run of body bytes (a header-only payload stays as it is)
         payload = valid.copy()
         if size > HEADER_SIZE:

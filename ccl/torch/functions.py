@@ -208,6 +208,10 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
 
     Raises
     ------
+    RuntimeError
+        On a rank whose :class:`~ccl.torch.DistributedOptimizer` has gradient
+        reductions pending (call ``step()`` or ``synchronize()`` first); the
+        other ranks raise :class:`ccl.MismatchError`.
     ccl.MismatchError
         If ranks' optimizers hold different parameter groups or shapes.
 
@@ -227,6 +231,15 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     if error is None and not isinstance(optimizer, torch.optim.Optimizer):
         error = TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                           f"{type(optimizer).__name__}")
+    state = None
+    if error is None:
+        # What can fail (a DistributedOptimizer with reductions pending refuses to give
+        # or take its state) fails on every rank before the agreement, not on the root
+        # alone while the others wait in the broadcast.
+        try:
+            state = dict(optimizer.state_dict())
+        except RuntimeError as exc:
+            error = exc
     signature = (root_rank, type(optimizer).__name__, [
         [tuple(p.shape) for p in group["params"]] for group in optimizer.param_groups
     ] if error is None else None)
@@ -234,7 +247,6 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     is_root = comm.Get_rank() == root_rank
     tensors, skeleton = [], None
     if is_root:
-        state = dict(optimizer.state_dict())
         state.pop("ccl", None)  # error feedback is per rank
         skeleton = _strip_tensors(state, tensors)
     skeleton = comm.bcast(skeleton, root=root_rank)
