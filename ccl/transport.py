@@ -91,7 +91,15 @@ class Channel:
 
         ``timeout`` is in seconds (None or ``math.inf``: wait forever). Every
         :meth:`begin` must be followed by :meth:`end`.
+
+        Raises
+        ------
+        RuntimeError
+            After ``MPI.Finalize()`` (no MPI call is made then).
+        ValueError
+            Once the user's communicator (and with it this channel) was freed.
         """
+        _check_usable(self.comm)
         self._lock.acquire()
         if self._sends:  # sends an earlier, failed call left in flight
             self._sends = [(r, buf) for r, buf in self._sends if not r.Test()]
@@ -297,6 +305,15 @@ class Channel:
         return out
 
 
+def _check_usable(comm):
+    if MPI.Is_finalized():
+        raise RuntimeError("MPI is finalized: ccl's collectives cannot run after "
+                           "MPI.Finalize() (mpi4py calls it at exit)")
+    if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL:
+        raise ValueError("the communicator was freed (or is MPI.COMM_NULL): create the "
+                           "Communicator on a communicator that is still in use")
+
+
 def _delete_cache(comm, keyval, cache):
     for value in cache.values():
         try:
@@ -349,14 +366,13 @@ def channel(comm):
         On the silent-singleton trap (see :mod:`ccl.launch`).
     """
     global _LAUNCH_CHECKED
+    _check_usable(comm)
     if not _LAUNCH_CHECKED:
         check_launch()
         _LAUNCH_CHECKED = True
     if not isinstance(comm, MPI.Intracomm):
         raise TypeError(f"comm must be an mpi4py intracommunicator (e.g. MPI.COMM_WORLD), "
                         f"got {type(comm).__name__}")
-    if comm == MPI.COMM_NULL:
-        raise ValueError("comm is MPI.COMM_NULL")
     cache = comm_cache(comm)
     # Creating the channel duplicates ``comm`` (a collective): two threads doing it at
     # once would run two Dups concurrently on one communicator, which MPI forbids.

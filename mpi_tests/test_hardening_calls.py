@@ -300,3 +300,42 @@ def test_a_residual_that_does_not_fit_its_chunk_raises_everywhere(comm):
     c.load_state_dict(state)
     with pytest.raises(ValueError if comm.rank == 0 else ccl.PeerError):
         c.allreduce(rank_input(comm.rank, 301), key="w")
+
+
+# ---------------------------------------------------------------------- small items
+def test_small_items_get_clear_outcomes(comm):
+    p = comm.size
+    with pytest.raises(TypeError, match="masked"):
+        ccl.compressed_allreduce(np.ma.masked_array(np.ones(4, np.float32), [0, 1, 0, 0]),
+                                 "fp16", comm=comm)
+    big = np.ones(8, dtype=">f4")  # big-endian float32: reduced like native float32
+    assert ccl.compressed_allreduce(big, "fp16", comm=comm, algorithm="ring")[0] == p
+    with pytest.raises(ValueError, match="THC bits"):
+        get_codec("thc", bits=2.0)
+    with pytest.raises(ValueError, match="THC p"):
+        get_codec("thc", p=1e-300)
+    with pytest.raises(ValueError, match="density"):
+        get_codec("randomk", density=0.1 + 0j)
+    none = get_codec("none")
+    payload = none.encode(np.full(4, 60000, np.float16))
+    with pytest.raises(ccl.CompressionOverflowError):
+        none.decode(none.add(payload, payload))  # float16 sums past 65504 are an overflow
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_float16_sum_past_its_range_raises_without_a_codec(comm):
+    with pytest.raises(ccl.CompressionOverflowError):
+        ccl.compressed_allreduce(np.full(8, 60000, np.float16), "none", comm=comm,
+                                 algorithm="ring")
+
+
+@pytest.mark.mpi
+def test_a_freed_communicator_raises_a_clear_error(comm):
+    mine = comm.Dup()
+    c = ccl.Communicator(mine, codec="fp16")
+    c.allreduce(np.ones(4, np.float32), algorithm="ring")
+    mine.Free()
+    with pytest.raises(ValueError, match="freed"):
+        c.allreduce(np.ones(4, np.float32), algorithm="ring")
+    with pytest.raises(ValueError, match="freed"):
+        ccl.compressed_allreduce(np.ones(4, np.float32), comm=mine)

@@ -426,6 +426,9 @@ class Codec:
         """
         if not hasattr(x, "dtype") or not hasattr(x, "shape"):
             raise TypeError(f"codec {self.codec_id!r} encodes arrays, got {type(x).__name__}")
+        if isinstance(x, np.ma.MaskedArray):
+            raise TypeError(f"codec {self.codec_id!r} does not encode masked arrays (the mask "
+                            "would be ignored): pass x.filled(0)")
         xp = backend_of(x).xp
         x = xp.asarray(x)
         if x.dtype not in self.input_dtypes:

@@ -12,6 +12,7 @@ import numpy as np
 from .._jit import njit
 from ..errors import PayloadError
 from .base import Codec
+from .context import all_finite
 from .header import FLAG_OVERFLOW
 from .registry import register_codec
 
@@ -25,10 +26,13 @@ class _CastCodec(Codec):
     error_feedback = False
 
     def _add(self, ha, a_body, hb, b_body, ctx):
-        total = self._decode(ha, a_body, ctx) + self._decode(hb, b_body, ctx)
+        contributors = ha.contributors + hb.contributors
+        with np.errstate(over="ignore"):
+            total = self._decode(ha, a_body, ctx) + self._decode(hb, b_body, ctx)
+        if not all_finite(total):  # finite payloads, infinite sum: the format overflowed
+            return self.flagged_payload(ha.n, FLAG_OVERFLOW, contributors, dtype=ha.dtype)
         body, flags = self._encode(total, ctx)
-        return self.pack(body, ha.n, flags=flags, contributors=ha.contributors + hb.contributors,
-                         dtype=ha.dtype)
+        return self.pack(body, ha.n, flags=flags, contributors=contributors, dtype=ha.dtype)
 
     def _check_body(self, header, body, itemsize):
         if body.size != header.n * itemsize:

@@ -39,6 +39,9 @@ __all__ = ["THCCodec"]
 # kind, lane bytes, bits, zero flag, max_norm (f32), block, seed hash, padded length
 _BODY = struct.Struct("<BBBBfIIQ")
 BODY_HEADER_SIZE = _BODY.size  # 24
+#: The smallest clamp probability: below it ``1 - p/2`` rounds to 1 in float64 and the
+#: clamp ``Φ⁻¹(1 - p/2)`` is infinite.
+MIN_P = 1e-15
 KIND_PACKED = 0
 KIND_LANES = 1
 _LANE_DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
@@ -110,15 +113,16 @@ class THCCodec(Codec):
         return float(self.bits)
 
     def __init__(self, bits=4, g=30, p=1 / 32, table="optimal", seed=42, block=1024):
-        if isinstance(bits, bool) or bits not in (2, 3, 4):
-            raise ValueError(f"THC bits must be 2, 3 or 4, got {bits!r}")
+        if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) \
+                or bits not in (2, 3, 4):
+            raise ValueError(f"THC bits must be the int 2, 3 or 4, got {bits!r}")
         q = 1 << bits
         if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or not q - 1 <= g <= MAX_G:
             raise ValueError(f"THC g must be an int from {q - 1} (2^bits - 1) to {MAX_G}, "
                              f"got {g!r}")
         if isinstance(p, bool) or not isinstance(p, (int, float, np.floating)) \
-                or not 0.0 < float(p) < 1.0:
-            raise ValueError(f"THC p (clamp probability) must be in (0, 1), got {p!r}")
+                or not MIN_P <= float(p) < 1.0:
+            raise ValueError(f"THC p (clamp probability) must be in [{MIN_P:g}, 1), got {p!r}")
         if table not in ("optimal", "uniform"):
             raise ValueError(f"THC table must be 'optimal' or 'uniform', got {table!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \

@@ -90,8 +90,13 @@ class Request:
     def _validate(self, x):
         if not (hasattr(x, "dtype") and hasattr(x, "shape")):
             raise TypeError(f"x must be a numpy or cupy array, got {type(x).__name__}")
+        if isinstance(x, np.ma.MaskedArray):
+            raise TypeError("masked arrays are not reduced (the mask would be ignored): pass "
+                            "x.filled(0), or the data and the mask as two arrays")
         xp = self.backend.xp
         self.x = x = xp.asarray(x)
+        if not x.dtype.isnative:  # big-endian input: reduced (and returned) in native order
+            self.x = x = x.astype(x.dtype.newbyteorder("="))
         if x.dtype not in _DTYPES or x.dtype not in self.codec.input_dtypes:
             accepted = ", ".join(str(d) for d in self.codec.input_dtypes)
             raise TypeError(f"codec {self.codec.codec_id!r} reduces arrays of {accepted}; "
@@ -218,8 +223,16 @@ def run(channel, feedback, collective, x, options, key=None, **overrides):
     options, codec, p = request.options, request.codec, channel.size
     if options.op == "mean" and not codec.predivide_mean and p > 1:
         total = total / p
-    total = total.astype(request.x.dtype, copy=False)
-    return total.reshape(request.x.shape) if collective == "allreduce" else total
+    with np.errstate(over="ignore"):
+        result = total.astype(request.x.dtype, copy=False)
+    # float16 input is summed in float32: a sum beyond float16 is an overflow (and the
+    # same on every rank), not a silent Inf
+    if result.dtype.itemsize < total.dtype.itemsize and not all_finite(result) \
+            and all_finite(total):
+        raise CompressionOverflowError(
+            f"the sum does not fit {request.x.dtype}: use op='mean', scale the input down, "
+            "or reduce float32")
+    return result.reshape(request.x.shape) if collective == "allreduce" else result
 
 
 def _reduce(channel, feedback, request, algorithm, key, step, tag):
