@@ -28,15 +28,37 @@ from mpi4py import MPI
 
 from .errors import MismatchError, PeerError
 
-__all__ = ["agree", "report_failure", "field_crc"]
+__all__ = ["agree", "report_failure", "field_crc", "Fingerprinted"]
 
 # error code of a rank whose own arguments were rejected (0: accepted)
 _CODES = {TypeError: 1, ValueError: 2, MemoryError: 4, RuntimeError: 5}
 _NAMES = {1: "TypeError", 2: "ValueError", 3: "error", 4: "MemoryError", 5: "RuntimeError"}
 
 
+class Fingerprinted:
+    """A field value whose fingerprint is known already (e.g. a codec's cached config hash).
+
+    Parameters
+    ----------
+    value : object
+        What error messages show.
+    crc : int
+        What the ranks compare.
+    """
+
+    __slots__ = ("value", "crc")
+
+    def __init__(self, value, crc):
+        self.value, self.crc = value, int(crc)
+
+    def __repr__(self):
+        return repr(self.value)
+
+
 def field_crc(value):
-    """The 32-bit CRC of ``repr(value)`` that stands for a field in the exchanged row."""
+    """The 32-bit fingerprint of a field value: the CRC of its ``repr`` (or its own crc)."""
+    if isinstance(value, Fingerprinted):
+        return value.crc
     return zlib.crc32(repr(value).encode("utf-8"))
 
 
@@ -94,13 +116,15 @@ def agree(comm, what, fields, error=None, flags=(), wait=None):
     rows = _exchange(comm, row, wait, f"the argument check of {what} from every rank")
     if error is not None:
         raise error
-    rejected = [int(r) for r in np.flatnonzero(rows[:, 0])]
+    rejected = [int(r) for r in np.flatnonzero(rows[:, 0])] if rows[:, 0].any() else []
     if rejected:
         kinds = sorted({_NAMES[int(rows[r, 0])] for r in rejected})
         raise MismatchError(f"rank(s) {rejected} rejected their arguments to {what} "
                             f"({', '.join(kinds)}); see the error raised there",
                             field="arguments", ranks={"rejected": rejected})
     for column, (name, value) in enumerate(fields, start=1):
+        if (rows[:, column] == rows[0, column]).all():
+            continue
         groups = {}
         for rank, crc in enumerate(rows[:, column].tolist()):
             groups.setdefault(crc, []).append(rank)
@@ -112,7 +136,7 @@ def agree(comm, what, fields, error=None, flags=(), wait=None):
                 ranks=list(groups.values()))
     first = 1 + len(fields)
     return {name: [int(r) for r in np.flatnonzero(rows[:, first + i])]
-            for i, (name, _) in enumerate(flags)}
+            if rows[:, first + i].any() else [] for i, (name, _) in enumerate(flags)}
 
 
 def report_failure(comm, what, error, wait=None):

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import config
 from .._xp import backend_of
-from ..agreement import agree, report_failure
+from ..agreement import Fingerprinted, agree, report_failure
 from ..codecs import get_codec
 from ..codecs.context import all_finite
 from ..codecs.header import FLAG_FAILED, FLAG_OVERFLOW
@@ -122,7 +122,8 @@ class Request:
         shape = tuple(self.x.shape) if ok else None
         return [
             ("collective", self.collective),
-            ("codec", self.codec.get_config() if self.codec is not None else None),
+            ("codec", None if self.codec is None
+             else Fingerprinted(self.codec, self.codec.config_hash)),
             ("dtype", str(self.x.dtype) if ok else None),
             ("ndim", len(shape) if ok else None),
             # allgather blocks may differ in length
