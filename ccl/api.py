@@ -51,10 +51,10 @@ def compressed_allreduce(x, codec=None, comm=None, op="sum", algorithm="auto", k
     op : {"sum", "mean"}
         Sum or average over ranks (``mean`` divides once, at decode).
     algorithm : {"auto", "ring", "tree", "direct", "allgather", "mpi"}
-        How chunks travel (see the algorithms page). ``"auto"`` weighs
-        compression against ``MPI_Allreduce`` at the link speed
-        ``CCL_LINK_GBPS`` (unset: it does not compress float32/float64; see
-        :mod:`ccl.collectives.auto`). ``ring`` and ``direct`` are
+        How chunks travel (see the algorithms page). ``"auto"`` compresses
+        where that beats ``MPI_Allreduce`` at the link speed, which it
+        measures once per communicator unless ``CCL_LINK_GBPS`` gives it
+        (see :mod:`ccl.collectives.auto`). ``ring`` and ``direct`` are
         pipelined in segments of ``CCL_SEGMENT_BYTES`` payload bytes.
     key : hashable, optional
         Names the tensor: error-feedback residuals and the step counter are
@@ -233,10 +233,9 @@ class Communicator:
         chunk, no overlap. ``None``: ``CCL_SEGMENT_BYTES``, else 1 MiB.
     link_gbps : float, "probe" or None
         Link speed in Gbit/s for ``algorithm="auto"``'s cost model (see
-        :mod:`ccl.collectives.auto`); ``"probe"`` measures it here, once,
-        with a few timed ``MPI_Allreduce`` calls (collective). ``None``:
-        ``CCL_LINK_GBPS``, else unknown, and then ``auto`` does not compress
-        allreduces of float32/float64.
+        :mod:`ccl.collectives.auto`). ``None``: ``CCL_LINK_GBPS``, else
+        measured once per communicator when ``auto`` first needs it;
+        ``"probe"`` measures it here, now (collective).
 
     Examples
     --------

@@ -73,12 +73,29 @@ def test_cost_model_without_a_link_speed_never_compresses():
     ({"id": "3lc", "s": 1.5}, 0.1, "direct"), ({"id": "3lc", "s": 1.5}, 1, "direct"),
     ("onebit", 1, "direct"), ({"id": "sidco", "density": 0.01}, 0.1, "allgather"),
     ({"id": "thc", "bits": 4}, 0.1, "ring"), ("fp16", 0.1, "ring"), ("fp16", 1, "ring"),
-    ({"id": "3lc", "s": 1.5}, 10, "mpi"), ("fp16", 10, "mpi"), ({"id": "thc", "bits": 4}, 10,
-                                                                 "mpi"),
+    ({"id": "3lc", "s": 1.5}, 10, "direct"), ("fp16", 10, "mpi"),
+    ({"id": "thc", "bits": 4}, 10, "mpi"), ({"id": "3lc", "s": 1.5}, 100, "mpi"),
     ("onebit", math.inf, "mpi"), ("none", 0.1, "mpi")])
 def test_cost_model_compresses_where_the_link_is_slow(codec, gbps, expected):
-    """64 MB per rank at 4 ranks: compression pays at 100 Mbit/s and 1 Gbit/s, not at 10."""
+    """64 MB per rank at 4 ranks: slow links pay for every codec, 10 Gbit/s for fast ones."""
     assert auto.choose(get_codec(codec), 64 << 20, 4, np.float32, link_gbps=gbps) == expected
+
+
+def test_cost_model_counts_the_cores_a_rank_shares():
+    codec = get_codec({"id": "3lc", "s": 1.5})
+    alone = auto.estimate(codec, 64 << 20, 4, 10.0, cores=1.0)
+    shared = auto.estimate(codec, 64 << 20, 4, 10.0, cores=0.25)
+    assert shared[0] == alone[0] and shared[1] > 2 * alone[1]
+    assert auto.choose(codec, 64 << 20, 4, np.float32, link_gbps=10.0, cores=0.25) == "mpi"
+
+
+def test_cost_model_decides_alike_at_every_size_above_the_threshold():
+    """Partitions, buckets and the whole tensor get the same decision."""
+    for codec in ("3lc", "onebit", "fp16", {"id": "thc", "bits": 4}, "sidco"):
+        for gbps in (0.1, 1, 3, 10, 30):
+            picks = {auto.choose(get_codec(codec), s, 4, np.float32, link_gbps=gbps) != "mpi"
+                     for s in (1 << 16, 1 << 20, 4_096_000, 1 << 26, 1 << 28)}
+            assert len(picks) == 1, (codec, gbps)
 
 
 def test_cost_model_is_monotonic_in_size_and_link_speed():
@@ -194,8 +211,8 @@ def test_auto_decides_alike_on_every_rank_from_the_link_speed(comm, monkeypatch)
     x = rank_input(comm.rank, 1 << 18)  # 1 MB per rank
     reference = np.empty_like(x)
     comm.Allreduce(x, reference)
-    monkeypatch.delenv("CCL_LINK_GBPS", raising=False)
-    # unknown link: MPI_Allreduce itself, exactly
+    monkeypatch.setenv("CCL_LINK_GBPS", "1000")
+    # a link faster than the codec: MPI_Allreduce itself, exactly
     np.testing.assert_array_equal(ccl.compressed_allreduce(x, "onebit", comm=comm), reference)
     monkeypatch.setenv("CCL_LINK_GBPS", "0.1")
     y = ccl.compressed_allreduce(x, "onebit", comm=comm)
@@ -307,3 +324,23 @@ def test_probe_from_the_environment_runs_after_the_agreement(comm, monkeypatch):
             ccl.compressed_allreduce(x, "onebit", comm=comm)
     monkeypatch.setenv("CCL_LINK_GBPS", "1")
     assert_same_on_all_ranks(comm, ccl.compressed_allreduce(x, "onebit", comm=comm))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_auto_measures_the_link_once_when_nobody_gives_it(comm, monkeypatch):
+    from ccl.transport import channel
+
+    monkeypatch.delenv("CCL_LINK_GBPS", raising=False)
+    fresh = comm.Dup()
+    try:
+        small = rank_input(comm.rank, 1000)  # latency-bound: no measurement needed
+        ccl.compressed_allreduce(small, "onebit", comm=fresh)
+        assert channel(fresh).probed_link_gbps is None
+        x = rank_input(comm.rank, 1 << 17)
+        assert_same_on_all_ranks(comm, ccl.compressed_allreduce(x, "onebit", comm=fresh))
+        speed = channel(fresh).probed_link_gbps
+        assert comm.allgather(speed) == [speed] * comm.size and 0 < speed < math.inf
+        ccl.compressed_allreduce(x, "onebit", comm=fresh)
+        assert channel(fresh).probed_link_gbps == speed  # measured once per communicator
+    finally:
+        fresh.Free()

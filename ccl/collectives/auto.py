@@ -1,25 +1,31 @@
 """``algorithm="auto"``: pick the algorithm, and whether to compress at all.
 
 Compression pays only when the network, not the CPU, sets the time. ``auto``
-compares two estimates with a deliberately simple cost model (see
-:func:`estimate`):
+compares two estimates with a deliberately simple cost model
+(:func:`estimate`), per byte of input:
 
-- ``MPI_Allreduce``: a ring moves ``2 (p-1)/p · n`` bytes per rank, so it
-  takes about ``2 (p-1)/p · n / B`` on links of ``B`` bytes per second;
-- a compressing algorithm: the compressed bytes on the same links plus the
-  codec's encode and decode time (the codec's own single-core throughput,
-  ``Codec.encode_gbps``/``decode_gbps``, scaled by
-  :data:`SPEED_IN_COLLECTIVE`), overlapped when the algorithm is pipelined.
+- ``MPI_Allreduce`` moves ``2 (p-1)/p · n`` bytes per rank, at the rate
+  the MPI library's own allreduce reaches on this communicator: the *link
+  speed*;
+- a compressing algorithm moves the compressed bytes at the same rate and
+  spends the codec's encode and decode time, overlapped with the transfers
+  when the algorithm is pipelined. The codec states what it sends and how
+  fast it runs (``Codec.bits_per_value``, ``encode_gbps``,
+  ``decode_gbps``, one core's figures); a rank that shares its cores with
+  other ranks of its node gets that share of them
+  (:func:`ccl.threads.fair_share`).
 
-It compresses only when the estimate wins by :data:`MARGIN`. ``B`` is the
-link speed in Gbit/s, given by ``CCL_LINK_GBPS``, ``Communicator(link_gbps=)``
-or measured once by :func:`probe_link_gbps` (``link_gbps="probe"``). Without
-it (shared memory, or nobody said) ``auto`` does not compress: the MPI
-library's own ``Allreduce`` is then never slower than itself.
+It compresses when the estimate wins by :data:`MARGIN`. Every term is
+proportional to the size, so the decision does not depend on it (above
+:data:`MIN_COMPRESS_BYTES`, where latency, not bandwidth, costs): the pieces
+of a partitioned tensor and the buckets of an optimizer are decided as the
+whole tensor would be.
 
-The decision uses only what every rank agrees on (size, dtype, rank count,
-codec, link speed; the speed is part of the argument check), so every rank
-picks the same algorithm.
+The link speed comes from ``link_gbps=`` (``Communicator``), else
+``CCL_LINK_GBPS``, else it is **measured** once per communicator, the first
+time ``auto`` needs it (:func:`probe_link_gbps`, collective, a fraction of a
+second). Every input of the decision is agreed by every rank (the measured
+speed is one value for all), so every rank picks the same algorithm.
 """
 
 import math
@@ -28,32 +34,39 @@ import time
 import numpy as np
 
 __all__ = ["choose", "fitting", "estimate", "needs_link", "probe_link_gbps",
-           "SPEED_IN_COLLECTIVE", "MIN_COMPRESS_BYTES", "TREE_MAX_BYTES", "MARGIN"]
+           "MIN_COMPRESS_BYTES", "TREE_MAX_BYTES", "MARGIN"]
 
 #: Below this many bytes per rank, latency dominates: send uncompressed with MPI.
 MIN_COMPRESS_BYTES = 65536
 #: Homomorphic codecs use the tree (log p rounds) below this size, the ring above.
 TREE_MAX_BYTES = 1 << 20
 #: Compress only when the model says it is this many times faster than MPI_Allreduce.
-MARGIN = 1.25
-#: A codec's single-core speeds (``Codec.encode_gbps``/``decode_gbps``) are scaled by
-#: this inside a collective: the codec shares caches, memory bandwidth and often cores
-#: with the other ranks and the MPI library.
-SPEED_IN_COLLECTIVE = 0.5
-#: Fixed cost of one compressed call (argument check, Python, a few messages), seconds.
-CALL_OVERHEAD_S = 2e-3
-#: Codec time relative to the estimate above when every rank does not have a core to
-#: itself; the model assumes the worst case it is benchmarked on (2 ranks per core).
-CPU_SHARE = 2.0
+MARGIN = 1.1
+#: The probe grows its message from this size ...
+PROBE_MIN_BYTES = 1 << 16
+#: ... by this factor ...
+PROBE_GROWTH = 4
+#: ... until one allreduce takes this long (seconds), or it reaches this size.
+PROBE_TARGET_S = 0.03
+PROBE_MAX_BYTES = 1 << 24
 
 
-def probe_link_gbps(comm, nbytes=1 << 22, reps=3):
-    """Measure the effective link speed once, identically on every rank (collective).
+def probe_link_gbps(comm):
+    """Measure the link speed that ``MPI_Allreduce`` reaches, identically on every rank.
 
-    Times ``MPI_Allreduce`` of ``nbytes`` (best of ``reps`` after a warm-up),
-    takes the slowest rank's time and converts it with the ring bound
-    ``2 (p-1)/p · nbytes``. What it measures is what ``auto`` competes
-    with: the MPI library's own allreduce on these links and CPUs.
+    Times ``MPI_Allreduce`` of float32 messages growing from
+    :data:`PROBE_MIN_BYTES` by :data:`PROBE_GROWTH` until one takes
+    :data:`PROBE_TARGET_S` (or reaches :data:`PROBE_MAX_BYTES`), the best of
+    two at each size, and converts the slowest rank's time of the last size
+    with the ring bound ``2 (p-1)/p · n``. That is what ``auto`` competes
+    with: the MPI library's own allreduce on these links and CPUs. On a
+    1 Gbit/s network it stops at 4 MB after about a tenth of a second.
+    Collective: every rank must call it.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+        The communicator (ccl passes its private duplicate).
 
     Returns
     -------
@@ -65,20 +78,28 @@ def probe_link_gbps(comm, nbytes=1 << 22, reps=3):
     p = comm.Get_size()
     if p == 1:
         return math.inf
-    x = np.ones(max(nbytes // 4, 1), dtype=np.float32)
+    x = np.ones(PROBE_MAX_BYTES // 4, dtype=np.float32)
     out = np.empty_like(x)
-    comm.Allreduce(x, out)  # connections and buffers are set up on first use
-    best = math.inf
-    for _ in range(reps):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        comm.Allreduce(x, out)
-        best = min(best, time.perf_counter() - t0)
-    slowest = comm.allreduce(best, op=MPI.MAX)  # one value on every rank
-    return 2 * (p - 1) / p * x.nbytes * 8 / max(slowest, 1e-9) / 1e9
+    n = PROBE_MIN_BYTES // 4
+    comm.Allreduce(x[:n], out[:n])  # connections and buffers are set up on first use
+    slowest = np.empty(1)
+    while True:
+        best = math.inf
+        for _ in range(2):
+            comm.Barrier()
+            start = time.perf_counter()
+            comm.Allreduce(x[:n], out[:n])
+            best = min(best, time.perf_counter() - start)
+        # the slowest rank's time decides, and every rank must take the same branch
+        comm.Allreduce(np.array([best]), slowest, op=MPI.MAX)
+        if slowest[0] >= PROBE_TARGET_S or n * 4 >= PROBE_MAX_BYTES:
+            break
+        n = min(n * PROBE_GROWTH, x.size)
+    return 2 * (p - 1) / p * n * 4 * 8 / max(float(slowest[0]), 1e-9) / 1e9
 
 
-def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelined=True):
+def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelined=True,
+             cores=1.0):
     """Estimated seconds of ``MPI_Allreduce`` and of a compressed allreduce.
 
     Parameters
@@ -89,13 +110,16 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
     size : int
         Ranks.
     link_gbps : float
-        Link speed in Gbit/s.
+        Link speed in Gbit/s (what ``MPI_Allreduce`` reaches).
     itemsize : int
         Bytes per input element.
     algorithm : str, optional
         The compressing algorithm (default: :func:`fitting`).
     pipelined : bool
         Whether codec time overlaps the transfers (segmented ring and direct).
+    cores : float
+        The rank's share of its node's cores; the codec runs that much slower
+        when it is below 1.
 
     Returns
     -------
@@ -108,19 +132,20 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
     algorithm = algorithm or fitting(codec)
     elements = nbytes / itemsize
     payload = elements * codec.bits_per_value / 8
-    encode_gbs = codec.encode_gbps * SPEED_IN_COLLECTIVE
-    decode_gbs = codec.decode_gbps * SPEED_IN_COLLECTIVE
     if algorithm == "allgather":
         wire, encodes, decodes = (p - 1) * payload, 1.0, float(p)
-    else:  # ring and direct: each encodes every element once, decodes (2p-1)/p of them
-        wire, encodes, decodes = 2 * (p - 1) / p * payload, 1.0, (2 * p - 1) / p
-    # the speeds are per byte of float32 input, i.e. per 4 bytes of elements
-    codec_s = CPU_SHARE * elements * 4 * (encodes / (encode_gbs * 1e9)
-                                          + decodes / (decode_gbs * 1e9))
+    elif algorithm == "tree":  # log2(p) rounds up and down, each a whole payload
+        rounds = math.ceil(math.log2(p)) if p > 1 else 0
+        wire, encodes, decodes = 2 * rounds * payload, float(rounds + 1), float(rounds + 1)
+    else:  # ring and direct: every element encoded about once, decoded (2p-1)/p times
+        wire, encodes, decodes = 2 * (p - 1) / p * payload, (p + 1) / p, (2 * p - 1) / p
+    # the speeds are GB/s of float32 input, i.e. per 4 bytes of elements
+    codec_s = elements * 4 * (encodes / (codec.encode_gbps * 1e9)
+                              + decodes / (codec.decode_gbps * 1e9)) / min(cores, 1.0)
     wire_s = wire / rate
     overlap = pipelined and algorithm in ("ring", "direct")
     busy = max(wire_s, codec_s) + 0.25 * min(wire_s, codec_s) if overlap else wire_s + codec_s
-    return t_mpi, busy + CALL_OVERHEAD_S
+    return t_mpi, busy
 
 
 def needs_link(codec, nbytes, size, dtype, collective="allreduce"):
@@ -137,7 +162,7 @@ def needs_link(codec, nbytes, size, dtype, collective="allreduce"):
 
 
 def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
-           pipelined=True):
+           pipelined=True, cores=1.0):
     """Return the algorithm name ``auto`` resolves to.
 
     Parameters
@@ -152,28 +177,38 @@ def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
     collective : {"allreduce", "reduce_scatter"}
     link_gbps : float or None
         Link speed in Gbit/s (agreed by every rank); None: unknown, so an
-        allreduce of float32/float64 is not compressed.
+        allreduce of float32/float64 is not compressed (the collectives
+        measure it before asking, see :func:`needs_link`).
     pipelined : bool
         Whether ring and direct run pipelined (segments), for the estimate.
+    cores : float
+        The rank's share of its node's cores (agreed: the smallest share).
 
     Returns
     -------
     str
         ``"mpi"`` (the MPI library's own uncompressed ``Allreduce``), ``"ring"``,
         ``"tree"``, ``"direct"`` or ``"allgather"``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ccl.codecs import get_codec
+    >>> choose(get_codec("3lc"), 64 << 20, 4, np.float32, link_gbps=1.0)
+    'direct'
+    >>> choose(get_codec("none"), 64 << 20, 4, np.float32, link_gbps=1.0)
+    'mpi'
     """
     if collective == "reduce_scatter":
         return "ring" if codec.homomorphic else "direct"
     dtype = np.dtype(dtype)
-    mpi_ok = dtype in (np.dtype(np.float32), np.dtype(np.float64))
-    # one rank has no network to save; small messages are latency-bound
-    if mpi_ok and (codec.identity or nbytes < MIN_COMPRESS_BYTES or size == 1):
-        return "mpi"
-    if mpi_ok:
+    if dtype in (np.dtype(np.float32), np.dtype(np.float64)):  # MPI can reduce it
+        if not needs_link(codec, nbytes, size, dtype, collective):
+            return "mpi"  # one rank, no codec, or latency-bound
         if link_gbps is None or link_gbps == "probe" or math.isinf(link_gbps):
             return "mpi"  # no network known to be slower than the codecs
         t_mpi, t_codec = estimate(codec, nbytes, size, link_gbps, dtype.itemsize,
-                                  pipelined=pipelined)
+                                  pipelined=pipelined, cores=cores)
         if t_codec * MARGIN > t_mpi:
             return "mpi"
     if codec.homomorphic and nbytes < TREE_MAX_BYTES:
@@ -186,6 +221,12 @@ def fitting(codec):
 
     Sparse codecs gather their small payloads; homomorphic ones add on the
     ring with no relay loss; the others go through owners (two lossy points).
+
+    Examples
+    --------
+    >>> from ccl.codecs import get_codec
+    >>> fitting(get_codec("sidco")), fitting(get_codec("thc")), fitting(get_codec("3lc"))
+    ('allgather', 'ring', 'direct')
     """
     if codec.sparse:
         return "allgather"

@@ -20,6 +20,7 @@
 import threading
 
 import numpy as np
+from mpi4py import MPI
 
 from .. import config
 from .._xp import backend_of
@@ -144,12 +145,14 @@ class Request:
         algorithm = self.options.algorithm
         if algorithm != "auto":
             return algorithm
-        nbytes, dtype = self.x.nbytes, self.x.dtype
-        if self.link_gbps == "probe" and auto.needs_link(
-                self.codec, nbytes, channel.size, dtype, self.collective):
-            self.link_gbps = probed_link_gbps(channel)
+        nbytes, dtype, cores = self.x.nbytes, self.x.dtype, 1.0
+        if auto.needs_link(self.codec, nbytes, channel.size, dtype, self.collective):
+            # every rank reaches this point alike (the decision's inputs were agreed)
+            if self.link_gbps in (None, "probe"):
+                self.link_gbps = probed_link_gbps(channel)
+            cores = agreed_cores(channel)
         return auto.choose(self.codec, nbytes, channel.size, dtype, self.collective,
-                           self.link_gbps, bool(self.segment_bytes))
+                           self.link_gbps, bool(self.segment_bytes), cores)
 
 
 def probed_link_gbps(channel):
@@ -159,12 +162,23 @@ def probed_link_gbps(channel):
     return channel.probed_link_gbps
 
 
+def agreed_cores(channel):
+    """The smallest share of cores of any rank of ``channel`` (collective, once)."""
+    if channel.agreed_cores is None:
+        share = np.array([1.0])  # each rank's share of its node's cores (thread budget)
+        out = np.empty(1)
+        channel.wait(channel.comm.Iallreduce(share, out, op=MPI.MIN), "the cores of every rank")
+        channel.agreed_cores = float(out[0])
+    return channel.agreed_cores
+
+
 def pieces(request, algorithm, size):
     """Split the flat input into ``(start, stop, codec, algorithm)`` pieces.
 
     With ``partition_bytes`` an allreduce runs partition by partition (each
-    with its own chunk map and residuals, as BytePS-Compress does); a piece
-    smaller than ``min_compress_bytes`` is sent uncompressed.
+    with its own chunk map and residuals, as BytePS-Compress does), every one
+    with the algorithm chosen for the whole tensor; a piece smaller than
+    ``min_compress_bytes`` is sent uncompressed.
     """
     flat, codec, options = request.flat, request.codec, request.options
     n, itemsize = flat.size, request.x.dtype.itemsize
@@ -183,10 +197,6 @@ def pieces(request, algorithm, size):
             piece_codec = get_codec(None)
             if request.collective == "allreduce":
                 piece_algorithm = "mpi" if flat.dtype in MPI_DTYPES else "ring"
-        elif options.algorithm == "auto" and per < n:
-            piece_algorithm = auto.choose(codec, nbytes, size, request.x.dtype,
-                                          request.collective, request.link_gbps,
-                                          bool(request.segment_bytes))
         out.append((start, stop, piece_codec, piece_algorithm))
     return out
 

@@ -719,9 +719,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
         ``None`` sends them uncompressed (the MPI library's ``Allreduce``).
     algorithm : {"auto", "ring", "tree", "direct", "allgather"}
         Algorithm of compressed buckets (see :func:`ccl.compressed_allreduce`).
-        ``"auto"`` compresses only where it pays at the link speed given by
-        ``CCL_LINK_GBPS`` (a number of Gbit/s, or ``probe``); with none given
-        it sends float32 buckets uncompressed.
+        ``"auto"`` compresses where it pays at the link speed, which it
+        measures once unless ``CCL_LINK_GBPS`` gives it.
     backward_passes_per_step : int
         Backward passes accumulated locally (summed in ``.grad``) before one
         reduction; call ``step()`` after every that many passes.
