@@ -9,6 +9,8 @@ keep the error-feedback state of their keys on the communicator (freed with
 it); a :class:`Communicator` keeps its own, with its own default options.
 """
 
+import collections
+
 from mpi4py import MPI
 
 from . import collectives
@@ -259,6 +261,7 @@ class Communicator:
                 link_gbps=collectives.plan.probed_link_gbps(self._channel))
         self.feedback = ErrorFeedback()
         self._calls = self._bytes_sent = 0
+        self._algorithms = collections.Counter()
 
     @property
     def rank(self):
@@ -276,8 +279,11 @@ class Communicator:
         Returns
         -------
         dict
-            ``calls`` (collectives run) and ``bytes_sent`` (payload bytes this
-            rank put on the wire for them, ccl's own count).
+            ``calls`` (collectives run), ``bytes_sent`` (payload bytes this
+            rank put on the wire for them, ccl's own count), ``algorithms``
+            (how many calls ran each algorithm, ``auto`` resolved) and
+            ``link_gbps`` (the link speed ``auto`` measured or was given;
+            None until it was needed).
 
         Examples
         --------
@@ -287,13 +293,17 @@ class Communicator:
         >>> c.stats()["calls"]
         1
         """
-        return {"calls": self._calls, "bytes_sent": self._bytes_sent}
+        link = self.options.link_gbps
+        return {"calls": self._calls, "bytes_sent": self._bytes_sent,
+                "algorithms": dict(self._algorithms),
+                "link_gbps": self._channel.probed_link_gbps if link in (None, "probe")
+                else link}
 
     def _call(self, collective, x, key, **overrides):
         before = self._channel.bytes_sent
         try:
             return collectives.run(self._channel, self.feedback, collective, x, self.options,
-                                   key, **overrides)
+                                   key, record=self._algorithms, **overrides)
         finally:
             self._calls += 1
             self._bytes_sent += self._channel.bytes_sent - before

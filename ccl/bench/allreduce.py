@@ -31,7 +31,7 @@ import ccl
 from ccl.codecs import get_codec, registered_codecs
 from ccl.collectives import CHUNKED, chunk_bounds
 from ccl import config
-from ccl.collectives.auto import choose, fitting, probe_link_gbps
+from ccl.collectives.auto import fitting, probe_link_gbps
 from ccl.collectives.base import DEFAULT_SEGMENT_BYTES, segment_count
 from ccl.transport import channel as _channel
 
@@ -117,12 +117,13 @@ def _rows_to_run(codecs, algorithms, segments):
 
 
 def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, segments=None,
-        link_gbps=None, codec_bound=True, paired=False):
+        link_gbps=None, codec_bound=True, paired=False, wire_gbps=None):
     """Run the sweep; return a list of row dicts (identical on every rank).
 
     ``segments`` lists the ``segment_bytes`` to run ring, direct and auto with
-    (default: the library default); ``link_gbps`` is the link speed known to
-    ``auto`` and used for the wire bound (None: unknown). With ``paired``,
+    (default: the library default); ``link_gbps`` is the link speed given to
+    ``auto`` (None: the library's default, which measures it) and
+    ``wire_gbps`` the rate of the wire bound (default ``link_gbps``). With ``paired``,
     every row's speedup is against ``MPI_Allreduce`` timed in alternation
     with it (``mpi_time_s``), not only once at the start.
     """
@@ -134,7 +135,8 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
     configs = _rows_to_run(codecs, algorithms, segments)
     total = len(sizes) * len(configs)
     done = 0
-    rate = None if link_gbps is None else link_gbps * 1e9 / 8
+    wire_gbps = link_gbps if wire_gbps is None else wire_gbps
+    rate = None if wire_gbps is None else wire_gbps * 1e9 / 8
     p = comm.size
     for nbytes in sizes:
         n = max(nbytes // 4, 1)
@@ -163,16 +165,12 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
             c = ccl.Communicator(comm, codec=codec, algorithm=algorithm, partition_bytes=None,
                                  min_compress_bytes=None, segment_bytes=seg,
                                  link_gbps=link_gbps)
-            resolved = algorithm
-            if algorithm == "auto":
-                resolved = choose(codec, 4 * n, p, np.float32, link_gbps=link_gbps,
-                                  pipelined=bool(seg))
-
             def call():
                 return c.allreduce(x)
             before = ch.bytes_sent
             call()
             sent = comm.allreduce(ch.bytes_sent - before, op=MPI.MAX)
+            resolved = next(iter(c.stats()["algorithms"]))  # what auto chose
             if paired:
                 median, row_mpi, y = _timed_pair(comm, call, mpi_allreduce, reps, warmup)
             else:
@@ -272,8 +270,11 @@ def parse_args(argv=None):
                         help="pipeline segment sizes to run ring, direct and auto with, e.g. "
                              "0 1MB (0: unpipelined; default: CCL_SEGMENT_BYTES or 1MB)")
     parser.add_argument("--link-gbps", default=None,
-                        help="link speed in Gbit/s for auto and the wire bound, or 'probe' "
-                             "(default: CCL_LINK_GBPS; unset: unknown)")
+                        help="link speed in Gbit/s given to auto (and the wire bound), or "
+                             "'probe' (default: CCL_LINK_GBPS; unset: auto measures it)")
+    parser.add_argument("--wire-gbps", type=float, default=None,
+                        help="link rate in Gbit/s for the wire bound only, leaving auto to "
+                             "its default (e.g. the emulated cluster's rate)")
     parser.add_argument("--paired", action="store_true",
                         help="time MPI_Allreduce in alternation with every row and compute "
                              "its speedup from that (robust to a changing machine load)")
@@ -313,11 +314,11 @@ def main(argv=None):
     if rank0:
         print(f"ccl.bench: {comm.size} ranks, {MPI.Get_library_version().splitlines()[0]}, "
               f"host {os.uname().nodename}, link "
-              f"{'unknown' if link is None else f'{link:g} Gbit/s'}, load average "
+              f"{'measured by auto' if link is None else f'{link:g} Gbit/s'}, load average "
               f"{os.getloadavg()[0]:.1f}", flush=True)
     rows = run(comm, codecs, algorithms, sizes, reps, args.warmup, progress=progress,
                segments=segments, link_gbps=link, codec_bound=not args.no_codec_bound,
-               paired=args.paired)
+               paired=args.paired, wire_gbps=args.wire_gbps)
     if rank0:
         print(format_table(rows))
         print(f"({time.perf_counter() - t0:.1f} s; time = median of {reps} runs, slowest "

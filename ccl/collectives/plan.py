@@ -201,7 +201,7 @@ def pieces(request, algorithm, size):
     return out
 
 
-def run(channel, feedback, collective, x, options, key=None, **overrides):
+def run(channel, feedback, collective, x, options, key=None, record=None, **overrides):
     """Run one collective on every rank alike; return the user's result.
 
     Parameters
@@ -213,6 +213,8 @@ def run(channel, feedback, collective, x, options, key=None, **overrides):
     x : array
     options : ccl.collectives.options.Options
     key : hashable, optional
+    record : collections.Counter, optional
+        Counts the algorithm the call ran (``auto`` resolved).
     **overrides
         Per-call options (None keeps the default).
     """
@@ -227,6 +229,8 @@ def run(channel, feedback, collective, x, options, key=None, **overrides):
             raise NonFiniteError(f"NaN or Inf in the input of rank(s) {flagged['nonfinite']} "
                                  f"to {collective} (check_finite=True)")
         algorithm = request.resolve(channel)
+        if record is not None:
+            record[algorithm] += 1
         total = _reduce(channel, feedback, request, algorithm, key, step, tag)
         completed = True
     finally:
