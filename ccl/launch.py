@@ -1,4 +1,4 @@
-"""Launch checks: catching the silent-singleton trap, and the node-local rank.
+"""Launch checks: catching the silent-singleton trap; nodes and the node-local rank.
 
 When the launcher and the MPI library do not speak the same process-management
 interface (``srun --mpi=none`` or ``--mpi=pmix`` with MPICH, ``--mpi=pmi2`` with
@@ -32,14 +32,26 @@ intended (e.g. ``srun -n 4 python serial_script.py`` on purpose).
 ccl runs the check once per process, when the first collective creates its
 private channel (``ccl.transport.channel``), and ``python -m ccl.bench``
 runs it before measuring anything.
+
+Nodes
+-----
+:func:`node_comm` splits a communicator into nodes: the ranks that share
+memory (MPI's ``COMM_TYPE_SHARED`` split), or, when ``CCL_LOCAL_SIZE=k`` is
+set, consecutive blocks of ``k`` ranks of ``MPI.COMM_WORLD`` (world ranks
+``0..k-1`` form the first node, and so on; the last node may be smaller).
+The override is for launchers whose placement MPI cannot see and for
+emulated clusters (``python -m ccl.bench.cluster --ranks-per-host k`` sets
+it), where every "node" shares this machine's memory.
 """
 
 import os
 
 from . import config
+from .agreement import agree
 from .errors import LaunchError
 
-__all__ = ["launcher_world_size", "check_launch", "node_local_rank"]
+__all__ = ["launcher_world_size", "check_launch", "local_size_override", "node_comm",
+           "node_local_rank"]
 
 # (variable, who sets it), innermost launcher first: an mpiexec started inside an
 # srun step sees the step's SLURM_STEP_NUM_TASKS too, but its own PMI_SIZE wins.
@@ -156,12 +168,89 @@ def check_launch(world_size=None, environ=None):
                       world_size=world_size, variable=variable)
 
 
+def local_size_override(environ=None):
+    """The ranks per node that ``CCL_LOCAL_SIZE`` sets, or None when it is not set.
+
+    Parameters
+    ----------
+    environ : mapping, optional
+        Environment to read (default ``os.environ``).
+
+    Returns
+    -------
+    int or None
+        ``k`` of ``CCL_LOCAL_SIZE=k``: consecutive blocks of ``k`` ranks form a node.
+
+    Raises
+    ------
+    ValueError
+        If the value is not a positive integer (the message names the variable).
+
+    Examples
+    --------
+    >>> local_size_override({"CCL_LOCAL_SIZE": "4"}), local_size_override({})
+    (4, None)
+    """
+    return config.read("CCL_LOCAL_SIZE", environ)
+
+
+def node_comm(comm=None, environ=None):
+    """A new communicator of the ranks of ``comm`` on this rank's node (collective).
+
+    Nodes are the ranks that share memory (``comm.Split_type(COMM_TYPE_SHARED)``)
+    unless ``CCL_LOCAL_SIZE=k`` is set: then world rank ``w`` is on node
+    ``w // k``. Ranks keep their order from ``comm``. Every rank must see the
+    same ``CCL_LOCAL_SIZE`` (it is checked).
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm, optional
+        Default ``MPI.COMM_WORLD``. Every rank of it must call.
+    environ : mapping, optional
+        Environment to read ``CCL_LOCAL_SIZE`` from (default ``os.environ``).
+
+    Returns
+    -------
+    mpi4py.MPI.Intracomm
+        This node's ranks of ``comm``; the caller frees it.
+
+    Raises
+    ------
+    ValueError
+        On every rank whose ``CCL_LOCAL_SIZE`` is not a positive integer.
+    ccl.MismatchError
+        On the other ranks then, and on every rank if ranks see different values.
+
+    Examples
+    --------
+    >>> from mpi4py import MPI
+    >>> node = node_comm(MPI.COMM_WORLD, {"CCL_LOCAL_SIZE": "1"})
+    >>> node.Get_size()
+    1
+    >>> node.Free()
+    """
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    size, error = None, None
+    try:
+        size = local_size_override(environ)
+    except ValueError as exc:
+        error = exc
+    # a rank with another k would build other nodes: the splits would not match
+    agree(comm, "node_comm (CCL_LOCAL_SIZE)", [("CCL_LOCAL_SIZE", size)], error)
+    if size is None:
+        return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    return comm.Split(MPI.COMM_WORLD.Get_rank() // size, key=comm.Get_rank())
+
+
 def node_local_rank(comm=None):
     """This rank's index among the ranks of ``comm`` on the same node (collective).
 
     Works under every launcher, unlike ``SLURM_LOCALID``,
     ``OMPI_COMM_WORLD_LOCAL_RANK`` or ``MPI_LOCALRANKID``: it splits ``comm``
-    by shared memory. Select a GPU with ``local_rank % device_count`` instead of
+    by shared memory (or by ``CCL_LOCAL_SIZE``, see :func:`node_comm`).
+    Select a GPU with ``local_rank % device_count`` instead of
     hiding devices with ``srun --gpus-per-task`` (which breaks CUDA IPC
     between ranks of a node).
 
@@ -182,10 +271,7 @@ def node_local_rank(comm=None):
     >>> 0 <= local_rank < local_size <= MPI.COMM_WORLD.size
     True
     """
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD if comm is None else comm
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local = node_comm(comm)
     try:
         return local.Get_rank(), local.Get_size()
     finally:

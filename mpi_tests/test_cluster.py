@@ -5,6 +5,7 @@ Serial tests (not MPI-marked, skipped inside an MPI job): each starts its own
 or without the kernel features (veth, bridge, tbf) the network needs.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -20,7 +21,9 @@ from ccl.bench.cluster import (ClusterUnavailable, EmulatedCluster, netns_list, 
 
 HERE = os.path.dirname(__file__)
 SCRIPT = os.path.join(HERE, "harness", "cluster_allreduce.py")
+PLACEMENT = os.path.join(HERE, "harness", "cluster_placement.py")
 N = 1 << 20  # float32 elements: 4 MB per rank, 2 MB of fp16 on the wire
+EXCHANGE = 8 << 20  # bytes each rank sends in each phase of the placement script
 JOB_TIMEOUT = 120
 CLI = [sys.executable, "-m", "ccl.bench.cluster"]
 IP = shutil.which("ip") or "ip"
@@ -75,6 +78,85 @@ def test_traffic_crosses_the_emulated_links(allreduce_run):
     # see connection set-up (kilobytes), so this proves every rank really used its link.
     for rank, sent in enumerate(allreduce_run["sent"]):
         assert sent >= N, f"host {rank} sent only {sent} bytes on its link"
+
+
+def _placement(hosts, per_host, rate="1gbit"):
+    """Run the placement script on ``hosts`` x ``per_host``; its rows by rank, and the cluster."""
+    with EmulatedCluster(hosts, rate, ranks_per_host=per_host) as cluster:
+        result = cluster.run([sys.executable, "-m", "mpi4py", PLACEMENT, str(per_host),
+                              str(EXCHANGE)], timeout=JOB_TIMEOUT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    assert result.returncode == 0, result.stdout[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert sorted(row["rank"] for row in rows) == list(range(hosts * per_host)), result.stdout
+    return {row["rank"]: row for row in rows}, cluster
+
+
+@pytest.mark.parametrize("hosts, per_host", [(2, 2), (2, 3)])
+def test_ranks_per_host_placement_and_links(netns, hosts, per_host):
+    rows, cluster = _placement(hosts, per_host)
+    for rank, row in rows.items():
+        host = rank // per_host
+        block = list(range(host * per_host, (host + 1) * per_host))
+        # consecutive blocks: rank r lives in host r // per_host's namespace ...
+        assert row["address"] == cluster.address(host), row
+        assert [rows[r]["netns"] == row["netns"] for r in rows] == \
+            [r // per_host == host for r in rows], row
+        # ... and MPI (from the launcher's host list) and ccl (CCL_LOCAL_SIZE) see that node
+        assert row["mpi_node"] == per_host, row
+        assert row["ccl_node"] == block, row
+    for host in range(hosts):
+        row = rows[host * per_host]
+        # inside a host the ranks moved per_host * EXCHANGE bytes without touching the link
+        # (what it sent then is barrier and connection chatter) ...
+        assert row["local_bytes"] < EXCHANGE // 8, row
+        # ... while every rank's message to the other host crossed it
+        assert row["cross_bytes"] >= per_host * EXCHANGE, row
+
+
+def test_one_rank_per_host_is_its_own_node(netns):
+    rows, cluster = _placement(3, 1)
+    for rank, row in rows.items():
+        assert row["address"] == cluster.address(rank)
+        assert row["mpi_node"] == 1 and row["ccl_node"] == [rank]
+        assert row["cross_bytes"] >= EXCHANGE, row
+    assert len({row["netns"] for row in rows.values()}) == 3
+
+
+def test_ranks_per_host_over_shared_memory_set_ccl_local_size():
+    rows, cluster = _placement(2, 2, rate="shm")
+    assert cluster.namespaces == []
+    # one machine, one namespace: MPI sees one node, CCL_LOCAL_SIZE splits it in two
+    assert len({row["netns"] for row in rows.values()}) == 1
+    for rank, row in rows.items():
+        assert row["mpi_node"] == 4
+        assert row["ccl_node"] == [rank - rank % 2, rank - rank % 2 + 1]
+
+
+def test_cluster_environment_and_command():
+    one, two = EmulatedCluster(2, "1gbit"), EmulatedCluster(3, "1gbit", ranks_per_host=2)
+    assert one.environment({})["MPIR_CVAR_NOLOCAL"] == "1"
+    assert "CCL_LOCAL_SIZE" not in one.environment({})
+    env = two.environment({"CCL_LOCAL_SIZE": "5"})
+    assert env["CCL_LOCAL_SIZE"] == "2" and "MPIR_CVAR_NOLOCAL" not in env
+    assert (two.ranks, two.host_of(3), two.host_of(4)) == (6, 1, 2)
+    with pytest.raises(RuntimeError, match="not up"):
+        two.command(["true"])
+    shm = EmulatedCluster(3, "shm", ranks_per_host=2)
+    command = shm.command(["true"])
+    assert command[command.index("-n") + 1] == "6"
+
+
+@pytest.mark.parametrize("per_host", [0, -1, 1.5, True])
+def test_ranks_per_host_is_checked(per_host):
+    with pytest.raises(ValueError, match="ranks_per_host"):
+        EmulatedCluster(2, "1gbit", ranks_per_host=per_host)
+
+
+def test_cli_rejects_bad_ranks_per_host():
+    proc = subprocess.run(CLI + ["--hosts", "2", "--ranks-per-host", "0", "--", "true"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--ranks-per-host" in proc.stderr
 
 
 def test_failing_command_status_is_forwarded_and_namespaces_removed(netns):

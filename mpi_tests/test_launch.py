@@ -137,3 +137,60 @@ def test_node_local_rank(comm):
     for members in by_node.values():
         assert sorted(r for r, _ in members) == list(range(len(members)))
         assert {n for _, n in members} == {len(members)}
+
+
+# ------------------------------------------------------------------ nodes
+@pytest.mark.parametrize("value, expected", [(None, None), ("", None), ("1", 1), (" 4 ", 4)])
+def test_local_size_override(value, expected):
+    env = {} if value is None else {"CCL_LOCAL_SIZE": value}
+    assert launch.local_size_override(env) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_local_size_override_rejects(value):
+    with pytest.raises(ValueError, match="CCL_LOCAL_SIZE"):
+        launch.local_size_override({"CCL_LOCAL_SIZE": value})
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_node_comm_blocks_of_local_size(comm, k):
+    node = launch.node_comm(comm, {"CCL_LOCAL_SIZE": str(k)})
+    try:
+        members = node.allgather(MPI.COMM_WORLD.rank)
+        ranks_in_comm = node.allgather(comm.rank)
+    finally:
+        node.Free()
+    first = MPI.COMM_WORLD.rank // k * k
+    # consecutive world ranks, the last block cut short (uneven nodes)
+    assert members == list(range(first, min(first + k, MPI.COMM_WORLD.size)))
+    assert ranks_in_comm == sorted(ranks_in_comm)
+
+
+@pytest.mark.mpi
+def test_node_comm_without_override_is_the_shared_memory_split(comm):
+    node = launch.node_comm(comm, {})
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        assert node.allgather(comm.rank) == shared.allgather(comm.rank)
+    finally:
+        node.Free()
+        shared.Free()
+
+
+@pytest.mark.mpi
+def test_node_comm_bad_local_size_raises_on_every_rank(comm):
+    # rank 0 alone has a bad value: it raises ValueError, the others MismatchError
+    env = {"CCL_LOCAL_SIZE": "zero" if comm.rank == 0 else "2"}
+    expected = ValueError if comm.rank == 0 else ccl.MismatchError
+    with pytest.raises(expected, match="CCL_LOCAL_SIZE"):
+        launch.node_comm(comm, env)
+
+
+@pytest.mark.mpi
+def test_node_comm_ranks_with_different_local_sizes_raise(comm):
+    if comm.size == 1:
+        pytest.skip("needs two ranks")
+    env = {"CCL_LOCAL_SIZE": "1" if comm.rank == 0 else "2"}
+    with pytest.raises(ccl.MismatchError, match="CCL_LOCAL_SIZE"):
+        launch.node_comm(comm, env)

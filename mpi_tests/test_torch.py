@@ -98,6 +98,18 @@ def test_topology(comm, hvd):
         hvd.init(MPI.COMM_SELF)
 
 
+def test_topology_honours_ccl_local_size(comm, monkeypatch):
+    monkeypatch.setenv("CCL_LOCAL_SIZE", "2")
+    ct.init(comm)
+    try:
+        # consecutive pairs of ranks form nodes; the last one alone at odd sizes
+        assert (ct.local_rank(), ct.cross_rank()) == (comm.rank % 2, comm.rank // 2)
+        assert ct.local_size() == min(2, comm.size - comm.rank // 2 * 2)
+        assert ct.cross_size() == (comm.size + 1 - ct.local_rank()) // 2
+    finally:
+        ct.shutdown()
+
+
 def test_not_initialised_raises():
     assert not ct.is_initialized()
     with pytest.raises(RuntimeError, match="init"):

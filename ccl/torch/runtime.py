@@ -12,6 +12,8 @@ import threading
 
 from mpi4py import MPI
 
+from ..launch import node_comm
+
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "cross_rank", "cross_size", "threads_supported"]
 
@@ -24,8 +26,8 @@ class _Runtime:
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        # ranks that share memory form a node; the key keeps the parent's rank order
-        self.local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        # ranks that share memory (or CCL_LOCAL_SIZE's blocks) form a node, in rank order
+        self.local = node_comm(self.comm)
         self.local_rank = self.local.Get_rank()
         self.local_size = self.local.Get_size()
         # one rank per node with the same local rank: its rank is the node's index
@@ -184,7 +186,10 @@ def size():
 
 
 def local_rank():
-    """This process's rank among the ranks on its node (``MPI.COMM_TYPE_SHARED``).
+    """This process's rank among the ranks on its node (see :func:`ccl.launch.node_comm`).
+
+    Nodes are the ranks that share memory, or consecutive blocks of
+    ``CCL_LOCAL_SIZE`` ranks when that is set.
 
     Use it to pick a GPU: ``torch.cuda.set_device(ccl.torch.local_rank())``.
 
