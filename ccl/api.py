@@ -52,12 +52,14 @@ def compressed_allreduce(x, codec=None, comm=None, op="sum", algorithm="auto", k
         duplicate cached on it.
     op : {"sum", "mean"}
         Sum or average over ranks (``mean`` divides once, at decode).
-    algorithm : {"auto", "ring", "tree", "direct", "allgather", "mpi"}
+    algorithm : {"auto", "ring", "tree", "direct", "allgather", "hierarchical", "mpi"}
         How chunks travel (see the algorithms page). ``"auto"`` compresses
         where that beats ``MPI_Allreduce`` at the link speed, which it
         measures once per communicator unless ``CCL_LINK_GBPS`` gives it
-        (see :mod:`ccl.collectives.auto`). ``ring`` and ``direct`` are
-        pipelined in segments of ``CCL_SEGMENT_BYTES`` payload bytes.
+        (see :mod:`ccl.collectives.auto`), and on nodes of several ranks
+        runs ``hierarchical`` (exact inside a node, compressed across).
+        ``ring`` and ``direct`` are pipelined in segments of
+        ``CCL_SEGMENT_BYTES`` payload bytes.
     key : hashable, optional
         Names the tensor: error-feedback residuals and the step counter are
         kept per key (on the communicator) across calls.
@@ -238,6 +240,10 @@ class Communicator:
         :mod:`ccl.collectives.auto`). ``None``: ``CCL_LINK_GBPS``, else
         measured once per communicator when ``auto`` first needs it;
         ``"probe"`` measures it here, now (collective).
+    cross_algorithm : str or None
+        With ``algorithm="hierarchical"`` (nodes of several ranks: exact
+        inside a node, compressed across), the flat algorithm across nodes
+        (``"ring"``, ``"direct"``, ...). None: the one that fits the codec.
 
     Examples
     --------
@@ -250,12 +256,12 @@ class Communicator:
 
     def __init__(self, comm=None, codec=None, algorithm="auto", op="sum", check_finite=False,
                  timeout=None, partition_bytes=4_096_000, min_compress_bytes=65_536,
-                 segment_bytes=None, link_gbps=None):
+                 segment_bytes=None, link_gbps=None, cross_algorithm=None):
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self._channel = _channel(self.comm)
         self.options = Options.make(codec, op, algorithm, check_finite, timeout,
                                     partition_bytes, min_compress_bytes, segment_bytes,
-                                    link_gbps)
+                                    link_gbps, cross_algorithm)
         if self.options.link_gbps == "probe":  # measured now, once per communicator
             self.options = self.options.replace(
                 link_gbps=collectives.plan.probed_link_gbps(self._channel))
@@ -451,6 +457,6 @@ def _option_property(name):
 
 
 for _name in ("codec", "op", "algorithm", "check_finite", "timeout", "partition_bytes",
-              "min_compress_bytes", "segment_bytes", "link_gbps"):
+              "min_compress_bytes", "segment_bytes", "link_gbps", "cross_algorithm"):
     setattr(Communicator, _name, _option_property(_name))
 del _name

@@ -27,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ._staging import Stager, cuda_aware
-from .launch import check_launch
+from .launch import check_launch, node_comm
 
 __all__ = ["Channel", "channel", "comm_cache"]
 
@@ -63,8 +63,8 @@ class Channel:
     such a pairing raises instead of mixing data: see docs/reliability.md.)
     """
 
-    def __init__(self, comm):
-        self.comm = comm.Dup()
+    def __init__(self, comm, duplicate=True):
+        self.comm = comm.Dup() if duplicate else comm
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.calls = 0
@@ -82,12 +82,28 @@ class Channel:
         self.timeout = None
         # device payloads of the current collective go through a stager (None: host)
         self._stager = None
+        self.backend = None  # of the current collective's arrays (set by use_backend)
         self._stagers = {}  # backend name -> Stager, so pinned buffers outlive a call
+        self._topology = None
 
     def free(self):
-        """Free the private communicator (idempotent)."""
+        """Free the private communicator, and the node's (idempotent)."""
+        if self._topology is not None:
+            self._topology.free()
+            self._topology = None
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
+
+    def topology(self):
+        """The :class:`Topology` of this channel's ranks: nodes, and ranks across nodes.
+
+        Collective the first time (it splits the communicator); every rank
+        then has it. Nodes come from :func:`ccl.launch.node_comm` (shared
+        memory, or ``CCL_LOCAL_SIZE``).
+        """
+        if self._topology is None:
+            self._topology = Topology(self)
+        return self._topology
 
     # ----------------------------------------------------------------- calls
     def begin(self, activity, timeout):
@@ -137,6 +153,7 @@ class Channel:
 
         ``aware`` overrides the CUDA-aware detection (:func:`ccl._staging.cuda_aware`).
         """
+        self.backend = backend
         if not backend.device:
             self._stager = None
             return
@@ -294,19 +311,82 @@ class Channel:
         """The MPI library's own ``Allreduce(SUM)`` of a float32/float64 array."""
         # counted as a ring allreduce: 2 (p-1)/p of the array
         self.bytes_sent += 2 * (self.size - 1) * x.nbytes // self.size
+
+        def run(a, xp):
+            out = xp.empty_like(a)
+            self.wait(self.comm.Iallreduce(a, out, op=MPI.SUM), "MPI_Allreduce")
+            return out
+        return self._uncompressed(x, run)
+
+    def reduce_scatter_sum(self, x, bounds):
+        """The MPI library's own ``Reduce_scatter(SUM)``: this rank's block ``bounds[r]:bounds[r+1]``."""
+        counts = [int(b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+        self.bytes_sent += (self.size - 1) * x.nbytes // self.size  # as a ring
+
+        def run(a, xp):
+            out = xp.empty(counts[self.rank], dtype=a.dtype)
+            self.wait(self.comm.Ireduce_scatter(a, out, counts, op=MPI.SUM),
+                      "MPI_Reduce_scatter")
+            return out
+        return self._uncompressed(x, run)
+
+    def allgather_blocks(self, block, bounds):
+        """The MPI library's own ``Allgatherv`` of every rank's block ``bounds[r]:bounds[r+1]``."""
+        counts = [int(b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+        self.bytes_sent += (int(bounds[-1]) - block.size) * block.itemsize  # as a ring
+
+        def run(a, xp):
+            out = xp.empty(int(bounds[-1]), dtype=a.dtype)
+            self.wait(self.comm.Iallgatherv(a, [out, (counts, [int(b) for b in bounds[:-1]])]),
+                      "MPI_Allgatherv")
+            return out
+        return self._uncompressed(block, run)
+
+    def _uncompressed(self, x, run):
+        """``run(array, xp)``: an MPI call on uncompressed data, where MPI can read it."""
         stager = self._stager
         if stager is None:
-            return self._allreduce(x, np)
+            return run(x, np)
         be = stager.backend
         if not stager.aware:  # uncompressed data: the whole array is staged
-            return be.to_device(self._allreduce(be.to_host(x), np))
+            return be.to_device(run(be.to_host(x), np))
         be.synchronize()
-        return self._allreduce(x, be.xp)
+        return run(x, be.xp)
 
-    def _allreduce(self, x, xp):
-        out = xp.empty_like(x)
-        self.wait(self.comm.Iallreduce(x, out, op=MPI.SUM), "MPI_Allreduce")
-        return out
+
+class Topology:
+    """The nodes of a channel's ranks, as two more channels (see :meth:`Channel.topology`).
+
+    Attributes
+    ----------
+    local : Channel
+        The ranks of this rank's node (their own communicator).
+    cross : Channel
+        The ranks with this rank's local rank, one per node.
+    node_sizes : list of int
+        Ranks per node, in the order of the nodes' first ranks (agreed).
+    """
+
+    def __init__(self, channel):
+        local = node_comm(channel.comm)
+        cross = channel.comm.Split(local.Get_rank(), key=channel.rank)
+        self.local, self.cross = Channel(local, duplicate=False), Channel(cross, duplicate=False)
+        # every rank learns every node's size: (first rank of my node, my node's size)
+        mine = np.array([channel.rank if local.Get_rank() == 0 else -1, local.Get_size()],
+                        dtype=np.int64)
+        rows = np.empty((channel.size, 2), dtype=np.int64)
+        channel.comm.Allgather([mine, MPI.INT64_T], [rows, MPI.INT64_T])
+        self.node_sizes = [int(size) for first, size in rows if first >= 0]
+
+    @property
+    def uniform(self):
+        """Whether every node holds the same number of ranks."""
+        return len(set(self.node_sizes)) == 1
+
+    def free(self):
+        """Free the node and cross-node communicators."""
+        self.local.free()
+        self.cross.free()
 
 
 def _check_usable(comm):

@@ -7,23 +7,27 @@ input into one chunk per rank). ``auto`` chooses among them
 
 >>> from ccl.collectives.algorithms import ALGORITHM_NAMES, REDUCE_SCATTER
 >>> ALGORITHM_NAMES
-('auto', 'mpi', 'ring', 'tree', 'direct', 'allgather')
+('auto', 'mpi', 'ring', 'tree', 'direct', 'allgather', 'hierarchical')
 >>> sorted(REDUCE_SCATTER)
 ['direct', 'ring']
 """
 
-from . import allgather, direct, mpi, ring, tree
+from . import allgather, direct, hierarchical, mpi, ring, tree
 
-__all__ = ["OPS", "COLLECTIVES", "ALGORITHMS", "ALGORITHM_NAMES", "CHUNKED", "REDUCE_SCATTER"]
+__all__ = ["OPS", "COLLECTIVES", "ALGORITHMS", "ALGORITHM_NAMES", "FLAT", "CHUNKED",
+           "REDUCE_SCATTER"]
 
 #: Reduction operations: ``mean`` divides the sum by the rank count once.
 OPS = ("sum", "mean")
 #: The collectives.
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 #: name -> module, in the order the docs list them.
-ALGORITHMS = {"mpi": mpi, "ring": ring, "tree": tree, "direct": direct, "allgather": allgather}
+ALGORITHMS = {"mpi": mpi, "ring": ring, "tree": tree, "direct": direct, "allgather": allgather,
+              "hierarchical": hierarchical}
 #: Every name an ``algorithm=`` argument accepts.
 ALGORITHM_NAMES = ("auto",) + tuple(ALGORITHMS)
+#: The algorithms that treat every rank alike (what hierarchical runs across nodes).
+FLAT = tuple(name for name in ALGORITHMS if name != "hierarchical")
 #: Algorithms that split the input into one chunk per rank.
 CHUNKED = frozenset(name for name, module in ALGORITHMS.items() if module.CHUNKED)
 #: Algorithms that offer ``reduce_scatter(call, x)``.

@@ -132,6 +132,9 @@ class Call:
         self.input = x
         self.inherited = {}  # unit -> flags of the payloads decoded into its partial sum
         self.error = None  # the first exception of this rank's codec, if any
+        # set by the planner for algorithms that run another one inside (hierarchical)
+        self.cross = None
+        self.segment_bytes = None
 
     # ------------------------------------------------------------------ chunks
     def chunk(self, x, j):
@@ -267,6 +270,13 @@ class Call:
             if not isfinite(exact[self.bounds[u] - start:self.bounds[u + 1] - start]).all():
                 self.mark_nonfinite(u)
         return exact
+
+    def take_over(self, inner):
+        """Make the result of ``inner`` (a call run inside this one) part of this call's."""
+        self.flags |= inner.flags
+        self.nonfinite_chunks |= inner.nonfinite_chunks
+        if inner.error is not None:
+            self.fail(inner.error)
 
     def note_flags(self, flags, j):
         """Remember the flags of a payload of unit ``j`` that the result is made of."""

@@ -14,7 +14,7 @@ import dataclasses
 
 from .. import config
 from ..codecs import Codec, get_codec
-from .algorithms import ALGORITHM_NAMES, OPS
+from .algorithms import ALGORITHM_NAMES, FLAT, OPS
 
 __all__ = ["Options"]
 
@@ -47,6 +47,9 @@ class Options:
         0: no pipelining; None: ``CCL_SEGMENT_BYTES``, else the default.
     link_gbps : float, "probe" or None
         None: ``CCL_LINK_GBPS``, else measured.
+    cross_algorithm : str or None
+        The flat algorithm ``hierarchical`` runs across nodes (None: the one
+        that fits the codec).
     """
 
     codec: Codec
@@ -58,11 +61,12 @@ class Options:
     min_compress_bytes: object = None
     segment_bytes: object = None
     link_gbps: object = None
+    cross_algorithm: object = None
 
     @classmethod
     def make(cls, codec=None, op="sum", algorithm="auto", check_finite=False, timeout=None,
              partition_bytes=None, min_compress_bytes=None, segment_bytes=None,
-             link_gbps=None):
+             link_gbps=None, cross_algorithm=None):
         """Validate the arguments and return the options.
 
         Raises
@@ -76,6 +80,9 @@ class Options:
         if algorithm not in ALGORITHM_NAMES:
             raise ValueError(f"algorithm must be one of {', '.join(ALGORITHM_NAMES)}; "
                              f"got {algorithm!r}")
+        if cross_algorithm is not None and cross_algorithm not in FLAT:
+            raise ValueError(f"cross_algorithm must be one of {', '.join(FLAT)} or None; "
+                             f"got {cross_algorithm!r}")
         if not isinstance(check_finite, bool):
             raise TypeError(f"check_finite must be True or False, got {check_finite!r}")
         return cls(codec=codec, op=op, algorithm=algorithm, check_finite=check_finite,
@@ -85,7 +92,7 @@ class Options:
                    min_compress_bytes=_threshold(min_compress_bytes, "min_compress_bytes",
                                                  "compress everything"),
                    segment_bytes=config.segment_bytes(segment_bytes),
-                   link_gbps=config.link_gbps(link_gbps))
+                   link_gbps=config.link_gbps(link_gbps), cross_algorithm=cross_algorithm)
 
     def replace(self, **changes):
         """These options with ``changes`` (None values keep the current field), validated."""

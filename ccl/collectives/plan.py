@@ -68,7 +68,7 @@ class Request:
         self.codec = self.x = self.flat = None
         self.backend = backend_of(x)
         self.nonfinite = False
-        self.timeout = self.segment_bytes = self.link_gbps = None
+        self.timeout = self.segment_bytes = self.link_gbps = self.cross = None
         try:
             self.options = options = options.replace(**overrides)
             self.codec = options.codec
@@ -130,7 +130,7 @@ class Request:
             # allgather blocks may differ in length
             ("shape", None if self.collective == "allgather" else shape),
             ("op", options.op),
-            ("algorithm", (options.algorithm, options.partition_bytes,
+            ("algorithm", (options.algorithm, options.cross_algorithm, options.partition_bytes,
                            options.min_compress_bytes, self.segment_bytes, self.link_gbps)),
             ("key", key),
             ("key's step", step),
@@ -139,20 +139,33 @@ class Request:
         ]
 
     def resolve(self, channel):
-        """The algorithm of the call (``auto`` decided), after the agreement (collective)."""
+        """The algorithm of the call (``auto`` decided), after the agreement (collective).
+
+        Also sets :attr:`cross`: the flat algorithm ``hierarchical`` runs across
+        nodes (None for the others). ``auto`` picks ``hierarchical`` where
+        compressing pays and the ranks sit on several nodes of several ranks
+        each (:meth:`ccl.transport.Channel.topology`).
+        """
+        self.cross = None
         if self.collective == "allgather":
             return "allgather"
-        algorithm = self.options.algorithm
-        if algorithm != "auto":
-            return algorithm
-        nbytes, dtype, cores = self.x.nbytes, self.x.dtype, 1.0
-        if auto.needs_link(self.codec, nbytes, channel.size, dtype, self.collective):
-            # every rank reaches this point alike (the decision's inputs were agreed)
-            if self.link_gbps in (None, "probe"):
-                self.link_gbps = probed_link_gbps(channel)
-            cores = agreed_cores(channel)
-        return auto.choose(self.codec, nbytes, channel.size, dtype, self.collective,
-                           self.link_gbps, bool(self.segment_bytes), cores)
+        algorithm, codec = self.options.algorithm, self.codec
+        nbytes, dtype = self.x.nbytes, self.x.dtype
+        if algorithm == "auto":
+            cores, nodes = 1.0, None
+            if auto.needs_link(codec, nbytes, channel.size, dtype, self.collective):
+                # every rank reaches this point alike (the decision's inputs were agreed)
+                if self.link_gbps in (None, "probe"):
+                    self.link_gbps = probed_link_gbps(channel)
+                cores, nodes = agreed_cores(channel), channel.topology()
+            algorithm = auto.choose(codec, nbytes, channel.size, dtype, self.collective,
+                                    self.link_gbps, bool(self.segment_bytes), cores)
+            if algorithm != "mpi" and nodes is not None and nodes.uniform \
+                    and 1 < len(nodes.node_sizes) < channel.size:
+                self.cross, algorithm = algorithm, "hierarchical"
+        if algorithm == "hierarchical" and self.cross is None:
+            self.cross = self.options.cross_algorithm or auto.fitting(codec)
+        return algorithm
 
 
 def probed_link_gbps(channel):
@@ -262,7 +275,8 @@ def _reduce(channel, feedback, request, algorithm, key, step, tag):
     if key is not None:
         options = request.options
         layout = (flat.size, flat.dtype.str, algorithm, codec.config_hash, p,
-                  options.partition_bytes, options.min_compress_bytes, request.segment_bytes)
+                  options.partition_bytes, options.min_compress_bytes, request.segment_bytes,
+                  request.cross)
         state, flat = feedback.begin(key, layout, flat)
     results, skip = [], set()
     try:
@@ -290,8 +304,12 @@ def _call(channel, request, codec, algorithm, piece, key, state, step, tag, offs
     parts = channel.size if module.CHUNKED else 1
     segments = (segment_count(n, parts, request.segment_bytes, codec.bits_per_value)
                 if module.CHUNKED else 1)
-    return Call(channel, codec, n, parts, tag, step, key, state, offset, chunk_base, segments,
+    call = Call(channel, codec, n, parts, tag, step, key, state, offset, chunk_base, segments,
                 x=piece)
+    call.segment_bytes = request.segment_bytes
+    if algorithm == "hierarchical":
+        call.cross = ALGORITHMS[request.cross]
+    return call
 
 
 def _dispatch(call, collective, algorithm, flat):

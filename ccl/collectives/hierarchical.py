@@ -1,0 +1,89 @@
+"""Hierarchical allreduce for nodes of several ranks: exact inside a node, compressed across.
+
+Links inside a node are fast (shared memory) and links between nodes slow,
+so only traffic between nodes is worth compressing:
+
+1. **Inside the node**, the MPI library's own reduce-scatter (over shared
+   memory, exact) leaves local rank ``i`` with the node's sum of slice ``i``
+   of the input (``numpy.array_split`` into the node's rank count).
+2. **Across nodes**, local rank ``i`` runs a compressed allreduce of its
+   slice with local rank ``i`` of every other node: any codec, with any flat
+   algorithm underneath (``cross_algorithm``; by default the one that fits
+   the codec), with error feedback at each of that algorithm's lossy points.
+   Each node's link carries one compressed copy of the data, not one per
+   rank, and each rank encodes a slice of it, not all of it.
+3. **Inside the node** again, an allgather of the slices.
+
+Every node holds the same slices' results (step 2 gives identical results
+on every rank of a cross-node group), so replicas agree bitwise. The flags of
+every slice are shared inside the node, so every rank raises alike. Nodes
+come from :meth:`ccl.transport.Channel.topology` (shared memory, or
+``CCL_LOCAL_SIZE``); they must hold the same number of ranks, else every
+rank raises ``ValueError`` (use a flat algorithm there). A node of one rank
+is the flat algorithm itself.
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from .base import Call, chunk_bounds, segment_count
+
+__all__ = ["allreduce", "CHUNKED", "check_topology"]
+
+#: The outer call is not cut into chunks (the slices are the node's business).
+CHUNKED = False
+
+
+def check_topology(topology):
+    """Raise ``ValueError`` (on every rank alike) if the nodes differ in size."""
+    if not topology.uniform:
+        raise ValueError(f"algorithm 'hierarchical' needs nodes of equal size; the nodes "
+                         f"hold {topology.node_sizes} ranks: use a flat algorithm (e.g. "
+                         "'auto'), or CCL_LOCAL_SIZE to set the nodes")
+
+
+def allreduce(call, x):
+    """Sum of ``x`` over all ranks: reduce-scatter in the node, compressed across, allgather.
+
+    ``call.cross`` names the flat algorithm module across nodes (set by the
+    planner).
+    """
+    topology = call.channel.topology()
+    check_topology(topology)
+    local, cross = topology.local, topology.cross
+    bounds = chunk_bounds(x.size, local.size)
+    start = int(bounds[local.rank])
+    timeout, activity = call.channel.timeout, call.channel.activity
+    for channel in (local, cross):
+        channel.use_backend(call.channel.backend)
+    local.begin(activity, timeout)
+    try:
+        part = local.reduce_scatter_sum(x, bounds)
+    finally:
+        local.end()
+    module = call.cross
+    parts = cross.size if module.CHUNKED else 1
+    segments = (segment_count(part.size, parts, call.segment_bytes, call.codec.bits_per_value)
+                if module.CHUNKED else 1)
+    tag = cross.begin(activity, timeout)
+    completed = False
+    try:
+        inner = Call(cross, call.codec, part.size, parts, tag, call.step, call.key, call.state,
+                     call.offset + start, call.chunk_base, segments, x=part)
+        if call.codec.shared_statistics:
+            inner.agree_shared_stats(part)
+        mine = module.allreduce(inner, part)
+        completed = True
+    finally:
+        cross.end(completed)
+    call.take_over(inner)
+    local.begin(activity, timeout)
+    try:
+        # every rank of the node learns the flags of every slice, so all raise alike
+        flags = np.array([inner.flags], dtype=np.int64)
+        local.wait(local.comm.Iallreduce(MPI.IN_PLACE, [flags, MPI.INT64_T], op=MPI.BOR),
+                   "the node's result flags")
+        call.flags |= int(flags[0])
+        return local.allgather_blocks(mine.astype(x.dtype, copy=False), bounds)
+    finally:
+        local.end()
