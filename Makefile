@@ -102,6 +102,10 @@ test-mpi:
 	  echo "== MPI tests at $$n ranks"; \
 	  timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n $$n $(PY) $(PYTEST) --only-mpi; \
 	done
+	@# two nodes of three ranks, the layout the rank counts above cannot make
+	echo "== hierarchical algorithm at 6 ranks"
+	timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n 6 $(PY) $(PYTEST) --only-mpi \
+	  mpi_tests/test_hierarchical.py
 
 # The GPU code paths without a GPU: numba.cuda kernels under the CUDA simulator (set by
 # tests_gpu/conftest.py), device payloads through host staging, serial then at 3 ranks.
