@@ -55,8 +55,8 @@ def probe_link_gbps(comm):
     """Measure the link speed that ``MPI_Allreduce`` reaches, identically on every rank.
 
     Times ``MPI_Allreduce`` of float32 messages growing from
-    :data:`PROBE_MIN_BYTES` by :data:`PROBE_GROWTH` until one takes
-    :data:`PROBE_TARGET_S` (or reaches :data:`PROBE_MAX_BYTES`), the best of
+    ``PROBE_MIN_BYTES`` by ``PROBE_GROWTH`` until one takes
+    ``PROBE_TARGET_S`` (or reaches ``PROBE_MAX_BYTES``), the best of
     two at each size, and converts the slowest rank's time of the last size
     with the ring bound ``2 (p-1)/p · n``. That is what ``auto`` competes
     with: the MPI library's own allreduce on these links and CPUs. On a

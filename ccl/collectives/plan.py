@@ -141,10 +141,10 @@ class Request:
     def resolve(self, channel):
         """The algorithm of the call (``auto`` decided), after the agreement (collective).
 
-        Also sets :attr:`cross`: the flat algorithm ``hierarchical`` runs across
+        Also sets ``cross``: the flat algorithm ``hierarchical`` runs across
         nodes (None for the others). ``auto`` picks ``hierarchical`` where
         compressing pays and the ranks sit on several nodes of several ranks
-        each (:meth:`ccl.transport.Channel.topology`).
+        each (``Channel.topology()`` in ``ccl.transport``).
         """
         self.cross = None
         if self.collective == "allgather":
