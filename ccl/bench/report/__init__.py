@@ -17,6 +17,15 @@ as its own process (MPI ones under the ``mpiexec`` next to this Python):
 
 Figures are ratios against ``MPI_Allreduce`` measured in the same run; the
 page records the exact command of every table.
+
+Each family of sections has its own module (``speed``, ``network``,
+``accuracy``, ``training``, ``selection``), and each section is a function
+``*_section(args, tmp, log[, img_dir])``: ``args`` are the report's
+arguments, ``tmp`` a folder for the benchmarks' rows, ``log`` a file that
+receives the commands and their output, ``img_dir`` where plots go. A
+section is returned as ``(title, command, text, table, image or None)``,
+which :func:`ccl.bench.report.page.render` turns into one ``## title``
+block of the page.
 """
 
 import argparse

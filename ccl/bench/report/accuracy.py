@@ -25,19 +25,8 @@ THC_VARIANTS = ((None, "homomorphic"), ("own", "re-encode, own norm"),
 def accuracy_section(args, tmp, log):
     """Error of one allreduce, and of a running sum with error feedback, per algorithm.
 
-    Parameters
-    ----------
-    args : argparse.Namespace
-        The report's arguments (``ranks``, ``quick``).
-    tmp : str
-        A folder for the benchmark's rows.
-    log : file
-        Receives the benchmark's output.
-
-    Returns
-    -------
-    tuple
-        ``(title, command, text, table, None)``.
+    Uses ``args.ranks`` and ``args.quick``; arguments and result as every section's (see
+    :mod:`ccl.bench.report`).
     """
     rows, cmd = run_benchmark([MPIEXEC, "-n", str(args.ranks), sys.executable, "-m", "mpi4py",
                                "-m", "ccl.bench", "accuracy",
@@ -58,19 +47,8 @@ def accuracy_section(args, tmp, log):
 def gradients_section(args, tmp, log):
     """Codecs on the real per-layer gradients of an MLP (needs torch).
 
-    Parameters
-    ----------
-    args : argparse.Namespace
-        The report's arguments (``quick``).
-    tmp : str
-        A folder for the benchmark's rows.
-    log : file
-        Receives the benchmark's output.
-
-    Returns
-    -------
-    tuple
-        ``(title, command, text, table, None)``.
+    Uses ``args.quick``; arguments and result as every section's (see
+    :mod:`ccl.bench.report`).
     """
     rows, cmd = run_benchmark([sys.executable, "-m", "ccl.bench", "gradients", "--steps",
                                "40" if args.quick else "200"],
@@ -90,19 +68,8 @@ def gradients_section(args, tmp, log):
 def thc_section(args, tmp, log):
     """THC's error per bits setting at 2-5 ranks: homomorphic ring against decode and re-encode.
 
-    Parameters
-    ----------
-    args : argparse.Namespace
-        The report's arguments (``quick``).
-    tmp : str
-        A folder for the benchmarks' rows and their kernel cache.
-    log : file
-        Receives the benchmarks' output.
-
-    Returns
-    -------
-    tuple
-        ``(title, commands, text, table, None)``.
+    Uses ``args.quick``; arguments and result as every section's (see
+    :mod:`ccl.bench.report`).
     """
     py = sys.executable
     # Every rank of every run would compile THC's kernels again (seconds each on a

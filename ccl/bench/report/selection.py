@@ -48,21 +48,9 @@ SELECTION_TEXT = (
 def selection_sections(args, tmp, log, have_torch):
     """Selection speed on Laplace data and, with torch, on real gradients.
 
-    Parameters
-    ----------
-    args : argparse.Namespace
-        The report's arguments (``quick``).
-    tmp : str
-        A folder for the benchmarks' rows.
-    log : file
-        Receives the benchmarks' output.
-    have_torch : bool
-        Whether torch is installed (the gradients need it).
-
-    Returns
-    -------
-    list of tuple
-        One ``(title, command, text, table, None)`` per section.
+    Uses ``args.quick``; arguments and result as every section's (see
+    :mod:`ccl.bench.report`), and ``have_torch`` says whether torch is installed (the
+    gradients need it). Returns a list of sections.
     """
     py = sys.executable
     common = ["--elements", str(1 << 20 if args.quick else 16 << 20),

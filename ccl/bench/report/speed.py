@@ -26,21 +26,8 @@ ALLREDUCE_COLUMNS = [
 def shared_memory_section(args, tmp, log, img_dir):
     """Every codec with every algorithm against ``MPI_Allreduce``, over ``args.sizes``.
 
-    Parameters
-    ----------
-    args : argparse.Namespace
-        The report's arguments (``ranks``, ``sizes``, ``quick``).
-    tmp : str
-        A folder for the benchmark's rows.
-    log : file
-        Receives the benchmark's output.
-    img_dir : str
-        Where the plot goes.
-
-    Returns
-    -------
-    tuple
-        ``(title, command, text, table, image or None)``.
+    Uses ``args.ranks``, ``args.sizes`` and ``args.quick``; arguments and result as
+    every section's (see :mod:`ccl.bench.report`).
     """
     sizes = args.sizes or (["256KB", "4MB"] if args.quick else ["4KB", "256KB", "4MB", "64MB"])
     rows, cmd = run_benchmark([MPIEXEC, "-n", str(args.ranks), sys.executable, "-m", "mpi4py",
@@ -59,19 +46,8 @@ def shared_memory_section(args, tmp, log, img_dir):
 def codecs_section(args, tmp, log):
     """Encode and decode GB/s of every codec on one core, next to a copy of the same array.
 
-    Parameters
-    ----------
-    args : argparse.Namespace
-        The report's arguments (``quick``).
-    tmp : str
-        A folder for the benchmark's rows.
-    log : file
-        Receives the benchmark's output.
-
-    Returns
-    -------
-    tuple
-        ``(title, command, text, table, None)``.
+    Uses ``args.quick``; arguments and result as every section's (see
+    :mod:`ccl.bench.report`).
     """
     rows, cmd = run_benchmark([sys.executable, "-m", "ccl.bench", "codecs", "--elements",
                                str(1 << 20 if args.quick else 16 << 20)],

@@ -12,21 +12,8 @@ __all__ = ["torch_section"]
 def torch_section(args, tmp, log, img_dir):
     """ccl.torch.DistributedOptimizer per codec against DDP (gloo) hooks, same model and data.
 
-    Parameters
-    ----------
-    args : argparse.Namespace
-        The report's arguments (``ranks``, ``quick``).
-    tmp : str
-        A folder for the benchmark's rows.
-    log : file
-        Receives the benchmark's output.
-    img_dir : str
-        Where the training curves' plot goes.
-
-    Returns
-    -------
-    tuple
-        ``(title, command, text, table, plot or None)``.
+    Uses ``args.ranks`` and ``args.quick``; arguments and result as every section's (see
+    :mod:`ccl.bench.report`).
     """
     plot = os.path.join(img_dir, "torch-digits.png")
     out, cmd = run_benchmark([MPIEXEC, "-n", str(args.ranks), sys.executable, "-m", "mpi4py",
