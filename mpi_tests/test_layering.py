@@ -209,7 +209,7 @@ def all_private_reaches():
 
 
 def long_modules(sources, limit=MAX_MODULE_LINES):
-    """``{module: line count}`` of the modules in ``{module: source text}`` over ``limit`` lines."""
+    """``{module: line count}`` of the modules in ``{module: source}`` over ``limit`` lines."""
     counts = {module: len(text.splitlines()) for module, text in sources.items()}
     return {module: n for module, n in counts.items() if n > limit}
 
