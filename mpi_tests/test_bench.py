@@ -211,3 +211,30 @@ def test_decode_reencode_results_agree_on_every_rank(comm):
     y = ccl.compressed_allreduce(x, codec, comm=comm, algorithm="ring", key="t")
     assert_same_on_all_ranks(comm, y)
     assert np.isfinite(y).all()
+
+
+@serial
+def test_report_targets_and_network_merge_from_recorded_rows(tmp_path):
+    """The report's targets summary and its --only-network merge, on made-up rows (no runs)."""
+    import argparse
+
+    from ccl.bench.report import NETWORK_NOTE, merge_network, render, targets_table
+
+    fit = dict(codec="3lc", algorithm="ring", segment_bytes=1 << 20, speedup=13.0, bound=1.1)
+    auto = dict(codec="fp16", algorithm="auto", resolved="mpi", segment_bytes=None,
+                speedup=0.5)
+    lines = targets_table({"100mbit": [fit], "10gbit": [auto]}).splitlines()
+    assert [line.rsplit("|", 2)[-2].strip() for line in lines[2:]] == ["met", "missed"]
+    assert "`3lc` ≥ 12x" in lines[2] and "13.00x" in lines[2] and "auto→mpi" in lines[3]
+
+    args = argparse.Namespace(rates=["1gbit"], ranks=4, quick=False, sizes=None)
+    page = tmp_path / "benchmarks.md"
+    page.write_text(render([("Allreduce on shared memory", "cmd shm", "shm text", "", None),
+                            ("Emulated cluster: 4 hosts at 1gbit", "cmd old", "old", "", None)],
+                           args, "then", 60))
+    new = [("Emulated cluster: 4 hosts at 1gbit", "cmd new", "new", "| a |\n|---|", None)]
+    merged = merge_network(page, new, args, "now", 120)
+    assert "cmd old" not in merged and "cmd shm" in merged
+    assert merged.index("cmd new") < merged.index("cmd shm")  # network sections first
+    page.write_text(merged)
+    assert merge_network(page, new, args, "now", 120).count(NETWORK_NOTE) == 1

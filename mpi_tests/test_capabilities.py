@@ -1,5 +1,9 @@
 """Codec capabilities: every built-in codec states them, and ccl reads them, not codec ids."""
 
+import ast
+import pathlib
+import re
+
 import numpy as np
 import pytest
 
@@ -80,3 +84,57 @@ def test_no_module_outside_the_codecs_compares_codec_ids():
                     found += [f"{folder}/{name}: {line.strip()}" for line in f
                               if pattern.search(line)]
     assert found == []
+
+
+# An operand that holds a codec id: ``codec.codec_id``, ``cid``, ``config["id"]``, ...
+_HOLDS_AN_ID = re.compile(r"codec|\bc?id\b")
+
+
+def _literal_ids(node, ids):
+    """The codec ids among the string constants of ``node`` (a constant or a tuple/list/set)."""
+    elements = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return {e.value for e in elements if isinstance(e, ast.Constant) and e.value in ids}
+
+
+def id_comparisons(source, ids):
+    """Lines of ``source`` that compare something holding a codec id with one of ``ids``.
+
+    ``==``, ``!=``, ``in`` and ``not in`` against a literal id (or a
+    collection of them); a comparison with a string that is no codec's id
+    (a DDP hook's name, ``"MPI_Allreduce"``) is not one.
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for a, b in zip(operands, operands[1:]):
+            for literal, other in ((a, b), (b, a)):
+                if _literal_ids(literal, ids) and _HOLDS_AN_ID.search(ast.unparse(other)):
+                    found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_the_id_comparison_check_finds_them():
+    ids = {"none", "fp16", "sidco"}
+    source = ("a = codec.codec_id == 'none'\n"
+              "b = 'sidco' != config['id']\n"
+              "c = cid in ('fp16', 'bf16')\n"
+              "d = hook == 'fp16'\n"                  # a DDP hook, not a codec
+              "e = row['codec'] == 'MPI_Allreduce'\n"  # not a codec id
+              "f = codec.identity\n")
+    assert id_comparisons(source, ids) == [1, 2, 3]
+
+
+def test_no_module_outside_the_codec_families_compares_with_a_codec_id():
+    """Outside ``ccl/codecs/`` every module reads capabilities, never a codec's id."""
+    root = pathlib.Path(__file__).resolve().parent.parent / "ccl"
+    ids = set(registered_codecs())
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] == "codecs":
+            continue
+        found += [f"{path.relative_to(root.parent)}:{line}"
+                  for line in id_comparisons(path.read_text(encoding="utf-8"), ids)]
+    assert found == [], "compare capabilities (identity, sparse, homomorphic, ...) " \
+        "instead of codec ids: " + ", ".join(found)

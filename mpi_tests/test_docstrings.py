@@ -39,7 +39,8 @@ WITH_EXAMPLE = ALWAYS | {"EX01"}
 TORCH_MODULES = ["ccl.torch.runtime", "ccl.torch.functions", "ccl.torch.optimizer"]
 DOCTEST_MODULES = [
     "ccl", "ccl.api", "ccl.errors", "ccl.feedback", "ccl.launch",
-    "ccl.codecs.base", "ccl.codecs.header", "ccl.codecs.context", "ccl.codecs.registry",
+    "ccl.codecs.base", "ccl.codecs.configurable", "ccl.codecs.framing", "ccl.codecs.header",
+    "ccl.codecs.context", "ccl.codecs.registry",
     "ccl.codecs.casts", "ccl.codecs.threelc", "ccl.codecs.thc",
     "ccl.codecs.sparse", "ccl.codecs.randomk", "ccl.codecs.onebit", "ccl.codecs.dithering",
     "ccl.collectives.auto",
@@ -57,6 +58,12 @@ def _public_methods(cls, names=None):
             continue
         if inspect.isfunction(attr) or isinstance(attr, (property, classmethod, staticmethod)):
             yield f"{_qualified(cls)}.{name}"
+
+
+def _public_ccl_bases(cls):
+    """The public classes of ccl that ``cls`` inherits from (their methods are ``cls``'s too)."""
+    return [base for base in cls.__mro__[1:]
+            if base.__module__.partition(".")[0] == "ccl" and not base.__name__.startswith("_")]
 
 
 def public_objects():
@@ -77,6 +84,9 @@ def public_objects():
             if inspect.isclass(obj) and not issubclass(obj, BaseException):
                 for method in _public_methods(obj):
                     objects[method] = ALWAYS
+                for base in _public_ccl_bases(obj):  # Codec's methods, from its mixins
+                    for method in _public_methods(base):
+                        objects[method] = ALWAYS
     if "ccl.torch" in str(namespaces):
         from ccl.torch.optimizer import _DistributedMixin
         for method in _public_methods(_DistributedMixin):  # what the wrapper adds

@@ -39,11 +39,15 @@ def selection_specs(density):
     return specs + [{"id": "dgc", "density": density}, {"id": "topk", "density": density}]
 
 
+# What tells the compared variants of one codec apart (SIDCo's law and stages), as a
+# method's label shows it; a method without these parameters is labelled by its id alone.
+LABEL_PARAMETERS = (("dist", "{}"), ("stages", "M={}"))
+
+
 def method_name(config):
     """Short label of a method: ``sidco exp M=2``, ``dgc``, ``topk``."""
-    if config["id"] == "sidco":
-        return f"sidco {config['dist']} M={config['stages']}"
-    return config["id"]
+    return " ".join([config["id"]] + [form.format(config[name])
+                                      for name, form in LABEL_PARAMETERS if name in config])
 
 
 def laplace_data(n, seed=0):

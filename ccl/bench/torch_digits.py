@@ -153,10 +153,13 @@ def summarise(runs):
 
 
 def _algorithm(codec, requested):
-    """``requested``, or for ``"fit"`` the algorithm that fits ``codec`` (MPI for ``none``)."""
+    """``requested``, or for ``"fit"`` the algorithm that fits ``codec`` (MPI for ``none``).
+
+    ``auto`` hands a codec that sends values unchanged to the MPI library.
+    """
     if requested != "fit":
         return requested
-    return "auto" if codec.codec_id == "none" else fitting(codec)
+    return "auto" if codec.identity else fitting(codec)
 
 
 def run_ccl(comm, specs, data, args):

@@ -1,4 +1,4 @@
-"""The codec contract, the payload header, and the codec registry.
+"""The codec contract: :class:`Codec`, the base class of every codec.
 
 A codec turns a 1-D float array into a self-describing ``uint8`` payload and
 back. Its configuration is the set of its public instance attributes (the
@@ -7,7 +7,10 @@ constructor arguments under the same names); ``get_config()``,
 numcodecs. Private state starts with ``_``.
 
 Every payload starts with the 32-byte :class:`Header`; a subclass only writes
-and reads the *body*. The base class owns what is common to every codec:
+and reads the *body*. The base class owns what is common to every codec
+(the configuration rule in :mod:`ccl.codecs.configurable`, the header around
+the body in :mod:`ccl.codecs.framing`, the header itself in
+:mod:`ccl.codecs.header`):
 
 * input checks (dtype, flattening, non-contiguous input is copied);
 * the non-finite policy: a chunk whose input holds NaN or Inf encodes to a
@@ -27,21 +30,20 @@ per chunk that the collective reduces with ``MAX`` across ranks and hands
 back as ``ctx.shared``.
 """
 
-import json
-import zlib
-
 import numpy as np
 
-from .._xp import HOST, backend_of
+from .._xp import backend_of
 from ..errors import CompressionOverflowError, PayloadError
+from .configurable import Configurable
 from .context import CodecContext, all_finite
+from .framing import PayloadFraming
 from .header import (FLAG_FAILED, FLAG_NONFINITE, FLAG_OVERFLOW, HEADER_SIZE,
-                     MAX_UNCHECKED_ELEMENTS, Header, dominant_flag, wire_name)
+                     MAX_UNCHECKED_ELEMENTS, dominant_flag)
 
 __all__ = ["Codec"]
 
 
-class Codec:
+class Codec(Configurable, PayloadFraming):
     """Base class of every codec.
 
     Subclasses set the class attributes below, store their parameters as
@@ -120,76 +122,6 @@ class Codec:
     encode_gbps = decode_gbps = 1.0
     shared_statistics = False
     identity = False
-
-    # ----------------------------------------------------------- configuration
-    def get_config(self):
-        """Return the configuration as a JSON-serialisable dict with an ``"id"``.
-
-        Returns
-        -------
-        dict
-            ``{"id": codec_id, **public attributes}``; :func:`get_codec` and
-            :meth:`from_config` accept it.
-
-        Examples
-        --------
-        >>> from ccl.codecs import get_codec
-        >>> get_codec("topk", density=0.05).get_config()
-        {'id': 'topk', 'density': 0.05, 'k': None}
-        """
-        public = {k: v for k, v in vars(self).items() if not k.startswith("_")}
-        return {"id": self.codec_id, **public}
-
-    @classmethod
-    def from_config(cls, config):
-        """Build a codec from :meth:`get_config` output (the dict is not modified).
-
-        Parameters
-        ----------
-        config : dict
-            A configuration; its ``"id"`` (optional) must be this class's.
-
-        Returns
-        -------
-        Codec
-            A new instance of this class.
-
-        Raises
-        ------
-        ValueError
-            If the id names another codec, or a parameter is invalid.
-        """
-        config = dict(config)
-        codec_id = config.pop("id", cls.codec_id)
-        if codec_id != cls.codec_id:
-            raise ValueError(f"config is for codec {codec_id!r}, not {cls.codec_id!r}")
-        return cls(**config)
-
-    @property
-    def config_hash(self):
-        """CRC32 of the canonical JSON configuration (written into payload headers)."""
-        cached = self.__dict__.get("_config_hash")
-        if cached is None:
-            text = json.dumps(self.get_config(), sort_keys=True, default=str)
-            cached = zlib.crc32(text.encode("utf-8"))
-            self.__dict__["_config_hash"] = cached
-        return cached
-
-    def __setattr__(self, name, value):
-        # Changing a parameter changes the configuration: forget the cached hash.
-        if not name.startswith("_"):
-            self.__dict__.pop("_config_hash", None)
-        object.__setattr__(self, name, value)
-
-    def __eq__(self, other):
-        return type(self) is type(other) and self.get_config() == other.get_config()
-
-    def __hash__(self):
-        return hash((type(self), self.config_hash))
-
-    def __repr__(self):
-        params = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "id")
-        return f"{type(self).__name__}({params})"
 
     # ------------------------------------------------------------ public API
     def encode(self, x, ctx=None):
@@ -404,6 +336,7 @@ class Codec:
         return np.empty(0, dtype=np.float64)
 
     # ------------------------------------------------------ helpers for codecs
+    # (read_header, pack and flagged_payload come from PayloadFraming)
     def check_input(self, x):
         """Return ``x`` as a 1-D contiguous array of an accepted dtype.
 
@@ -450,93 +383,6 @@ class Codec:
             float32 by default.
         """
         return np.dtype(np.float32)
-
-    def read_header(self, payload):
-        """Validate ``payload``'s header for this codec and return it.
-
-        Parameters
-        ----------
-        payload : numpy.ndarray
-            A 1-D ``uint8`` payload.
-
-        Returns
-        -------
-        Header
-            The validated header.
-
-        Raises
-        ------
-        PayloadError
-            If the header is malformed, or made by another codec or configuration.
-        """
-        header = Header.unpack(payload)
-        if header.wire_id != self.wire_id:
-            other = wire_name(header.wire_id)
-            name = repr(other) if other else f"unknown id {header.wire_id}"
-            raise PayloadError(f"payload was made by codec {name}, not {self.codec_id!r}")
-        if header.config_hash != self.config_hash:
-            raise PayloadError(f"payload was made by a {self.codec_id!r} codec with another "
-                               "configuration")
-        return header
-
-    def pack(self, body, n, flags=0, contributors=1, dtype=np.float32):
-        """Prepend a header to ``body`` and return the payload.
-
-        A device body gives a device payload.
-
-        Parameters
-        ----------
-        body : bytes or numpy.ndarray
-            The codec's body (bytes or a uint8 array).
-        n : int
-            Elements the payload decodes to.
-        flags : int
-            Header flags.
-        contributors : int
-            Encoded inputs summed into this payload.
-        dtype : numpy.dtype
-            The dtype decode returns.
-
-        Returns
-        -------
-        numpy.ndarray
-            1-D ``uint8`` payload.
-        """
-        be = HOST if isinstance(body, (bytes, bytearray)) else backend_of(body)
-        if be.device:
-            from . import device
-
-            return device.pack(self, body, n, be, flags=flags, contributors=contributors,
-                               dtype=dtype)
-        body = np.frombuffer(body, dtype=np.uint8) if isinstance(body, (bytes, bytearray)) \
-            else np.asarray(body, dtype=np.uint8).reshape(-1)
-        header = Header(self.wire_id, flags, np.dtype(dtype), contributors, self.config_hash,
-                        int(n), body.size)
-        out = np.empty(HEADER_SIZE + body.size, dtype=np.uint8)
-        out[:HEADER_SIZE] = np.frombuffer(header.pack(), dtype=np.uint8)
-        out[HEADER_SIZE:] = body
-        return out
-
-    def flagged_payload(self, n, flag, contributors=1, dtype=np.float32):
-        """A header-only payload flagged ``NONFINITE`` or ``OVERFLOW``.
-
-        Parameters
-        ----------
-        n : int
-            Elements the payload decodes to (as NaN).
-        flag : int
-            ``FLAG_NONFINITE`` or ``FLAG_OVERFLOW``.
-        contributors : int
-            Encoded inputs summed into this payload.
-        dtype : numpy.dtype
-            The dtype decode returns.
-
-        Returns
-        -------
-        numpy.ndarray
-            1-D ``uint8`` payload with an empty body.
-        """
-        return self.pack(b"", n, flags=flag, contributors=contributors, dtype=dtype)
 
     # --------------------------------------------------------- subclass hooks
     def _encode(self, x, ctx):

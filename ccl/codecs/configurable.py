@@ -1,0 +1,101 @@
+"""A codec's configuration: its public attributes, and what follows from them.
+
+The configuration of a codec is the set of its public instance attributes
+(the constructor arguments under the same names; private state starts with
+``_``), as in numcodecs. :class:`Configurable` derives everything else from
+that one rule: ``get_config()``, ``from_config()``, equality, hashing,
+``repr`` and the CRC32 :attr:`~Configurable.config_hash` that every payload
+header carries, so that a payload made with another configuration is
+rejected. :class:`ccl.codecs.Codec` inherits it.
+"""
+
+import json
+import zlib
+
+__all__ = ["Configurable"]
+
+
+class Configurable:
+    """The configuration of a codec: its public attributes, and what follows from them.
+
+    A subclass sets the class attribute ``codec_id`` and stores its
+    parameters as public attributes under their argument names.
+
+    Examples
+    --------
+    >>> from ccl.codecs import get_codec
+    >>> codec = get_codec("thc", bits=2)
+    >>> codec == get_codec(codec.get_config()), codec == get_codec("thc", bits=3)
+    (True, False)
+    """
+
+    codec_id = None
+
+    def get_config(self):
+        """Return the configuration as a JSON-serialisable dict with an ``"id"``.
+
+        Returns
+        -------
+        dict
+            ``{"id": codec_id, **public attributes}``; :func:`get_codec` and
+            :meth:`from_config` accept it.
+
+        Examples
+        --------
+        >>> from ccl.codecs import get_codec
+        >>> get_codec("topk", density=0.05).get_config()
+        {'id': 'topk', 'density': 0.05, 'k': None}
+        """
+        public = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        return {"id": self.codec_id, **public}
+
+    @classmethod
+    def from_config(cls, config):
+        """Build a codec from :meth:`get_config` output (the dict is not modified).
+
+        Parameters
+        ----------
+        config : dict
+            A configuration; its ``"id"`` (optional) must be this class's.
+
+        Returns
+        -------
+        Codec
+            A new instance of this class.
+
+        Raises
+        ------
+        ValueError
+            If the id names another codec, or a parameter is invalid.
+        """
+        config = dict(config)
+        codec_id = config.pop("id", cls.codec_id)
+        if codec_id != cls.codec_id:
+            raise ValueError(f"config is for codec {codec_id!r}, not {cls.codec_id!r}")
+        return cls(**config)
+
+    @property
+    def config_hash(self):
+        """CRC32 of the canonical JSON configuration (written into payload headers)."""
+        cached = self.__dict__.get("_config_hash")
+        if cached is None:
+            text = json.dumps(self.get_config(), sort_keys=True, default=str)
+            cached = zlib.crc32(text.encode("utf-8"))
+            self.__dict__["_config_hash"] = cached
+        return cached
+
+    def __setattr__(self, name, value):
+        # Changing a parameter changes the configuration: forget the cached hash.
+        if not name.startswith("_"):
+            self.__dict__.pop("_config_hash", None)
+        object.__setattr__(self, name, value)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.get_config() == other.get_config()
+
+    def __hash__(self):
+        return hash((type(self), self.config_hash))
+
+    def __repr__(self):
+        params = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "id")
+        return f"{type(self).__name__}({params})"
