@@ -185,7 +185,7 @@ def test_without_thread_multiple_reductions_run_at_synchronize(comm, hvd, monkey
         return flat_params(model)
 
     threaded = run()
-    monkeypatch.setattr("ccl.torch.optimizer.threads_supported", lambda: False)
+    monkeypatch.setattr("ccl.torch.engine.threads_supported", lambda: False)
     np.testing.assert_array_equal(run(), threaded)
 
 

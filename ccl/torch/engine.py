@@ -1,0 +1,103 @@
+"""The communication side of ``ccl.torch``: a private communicator and one background thread.
+
+An :class:`Engine` runs :class:`Job` objects (one bucket's allreduce each)
+strictly in the order they were submitted, the same order on every rank, on a
+duplicate of ``ccl.torch``'s communicator that no other thread uses. Without
+``MPI_THREAD_MULTIPLE`` the jobs run in the calling thread when waited for.
+"""
+
+import queue
+import threading
+
+from ..api import Communicator
+from .runtime import threads_supported
+
+__all__ = ["Job", "Engine"]
+
+
+class Job:
+    """One bucket's reduction: input, options, and the result or error once done."""
+
+    __slots__ = ("x", "key", "codec", "algorithm", "result", "error", "done")
+
+    def __init__(self, x, key, codec, algorithm):
+        self.x, self.key, self.codec, self.algorithm = x, key, codec, algorithm
+        self.result = self.error = None
+        self.done = threading.Event()
+
+    def run(self, communicator):
+        try:
+            self.result = communicator.allreduce(self.x, key=self.key, codec=self.codec,
+                                                 algorithm=self.algorithm)
+        except BaseException as exc:  # handed to the thread that waits for the job
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+def _serve(jobs, communicator):
+    """The communication thread: run jobs in the order they were submitted."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        job.run(communicator)
+
+
+class Engine:
+    """One optimizer's private communicator, :class:`ccl.Communicator` and thread."""
+
+    def __init__(self, runtime, plan):
+        # A communicator of its own: this engine's thread must never share a
+        # communicator's message order with another thread (collective).
+        self.comm = runtime.comm.Dup()
+        # The plan already sends small buckets uncompressed; large ones are reduced in
+        # partitions with their own residuals (the Communicator's partition_bytes).
+        self.communicator = Communicator(self.comm, plan.codec, plan.algorithm, op=plan.op,
+                                         min_compress_bytes=0)
+        self.reductions = 0
+        self.closed = False
+        self._jobs = queue.SimpleQueue()
+        self._inline = []
+        self._thread = None
+        if threads_supported():
+            self._thread = threading.Thread(target=_serve, args=(self._jobs, self.communicator),
+                                            name="ccl.torch-comm", daemon=True)
+            self._thread.start()
+        runtime.engines.append(self)
+
+    def submit(self, job):
+        """Queue a job; jobs run in submission order."""
+        if self.closed:
+            raise RuntimeError("ccl.torch was shut down: this optimizer cannot reduce "
+                               "gradients any more")
+        self.reductions += 1
+        if self._thread is None:
+            self._inline.append(job)  # run by wait(), in the calling thread
+        else:
+            self._jobs.put(job)
+
+    def wait(self, job):
+        """Block until ``job`` is done."""
+        while self._inline and not job.done.is_set():
+            self._inline.pop(0).run(self.communicator)
+        job.done.wait()
+
+    def stop(self):
+        """Stop the thread once the queued jobs are done (no MPI calls: safe anywhere)."""
+        if self._thread is not None and self._thread.is_alive():
+            self._jobs.put(None)
+
+    def close(self):
+        """Finish queued jobs, stop the thread and free the communicator (collective)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.stop()
+        if self._thread is not None:
+            self._thread.join()
+        for job in self._inline:
+            job.run(self.communicator)
+        self._inline = []
+        self.comm.Free()
+

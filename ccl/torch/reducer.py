@@ -1,0 +1,217 @@
+"""The per-step bookkeeping of a ``DistributedOptimizer``: hooks, buckets, state.
+
+A ``post_accumulate_grad`` hook per parameter copies its gradient into its
+bucket's flat buffer once the gradient is final for this step (after
+``backward_passes_per_step`` backward passes). When a bucket is complete, and
+every bucket before it has been started, it is handed to the
+:class:`~ccl.torch.engine.Engine`, which reduces buckets strictly in bucket
+order with ``key="bucket<i>"`` (error feedback per bucket) while backward is
+still computing the earlier layers' gradients. :meth:`Reducer.synchronize`
+starts the rest and writes the averages back into ``.grad``.
+"""
+
+import threading
+import warnings
+import weakref
+import zlib
+
+import torch
+
+from .buckets import work_dtype
+from .engine import Engine, Job
+from .functions import from_array, to_array, to_numpy_tree, to_torch_tree
+
+__all__ = ["Reducer", "STATE_VERSION"]
+
+#: Version of the ``"ccl"`` entry of a DistributedOptimizer's state dict.
+STATE_VERSION = 1
+
+
+class _Bucket:
+    """A group of parameters reduced as one flat array."""
+
+    __slots__ = ("members", "flat", "codec", "algorithm", "key", "missing", "job")
+
+    def __init__(self, members, flat):
+        self.members = members  # indices into the reducer's parameter list, in order
+        self.flat = flat
+        self.missing = len(members)  # parameters whose gradient is not in flat yet
+        self.job = None
+        self.codec = self.algorithm = self.key = None
+
+
+
+def _release(handles, engine):
+    for handle in handles:
+        handle.remove()
+    engine.stop()
+
+
+class Reducer:
+    """Hooks, buckets and per-step bookkeeping of one DistributedOptimizer."""
+
+    def __init__(self, runtime, plan):
+        self.plan = plan
+        self.params = plan.params
+        self.rank, self.size = runtime.rank, runtime.size
+        self.engine = Engine(runtime, plan)
+        self.lock = threading.RLock()
+        self.bucket_of, self.offset_of = [0] * len(self.params), [0] * len(self.params)
+        self.buckets = []
+        for b, members in enumerate(plan.buckets):
+            offset = 0
+            for i in members:
+                self.bucket_of[i], self.offset_of[i] = b, offset
+                offset += self.params[i].numel()
+            first = self.params[members[0]]
+            bucket = _Bucket(members, torch.zeros(offset, dtype=work_dtype(first.dtype),
+                                                  device=first.device))
+            if plan.compressed[b]:
+                bucket.codec, bucket.algorithm, bucket.key = plan.codec, plan.algorithm, \
+                    f"bucket{b}"
+            else:
+                # Too small to pay for compression: the MPI library's own Allreduce.
+                bucket.codec, bucket.algorithm, bucket.key = "none", "auto", None
+            self.buckets.append(bucket)
+        self.layout_hash = zlib.crc32(repr(plan.layout()).encode("utf-8"))
+        self._reset()
+        self.skip = False
+        self.synced_since_step = False
+        ref = weakref.ref(self)
+        handles = [p.register_post_accumulate_grad_hook(
+            lambda param, i=i: _hook(ref, i)) for i, p in enumerate(self.params)]
+        weakref.finalize(self, _release, handles, self.engine)
+
+    def _reset(self):
+        self.remaining = [self.plan.passes] * len(self.params)
+        self.ready = [False] * len(self.params)
+        for bucket in self.buckets:
+            bucket.missing, bucket.job = len(bucket.members), None
+        self.next_launch = 0
+        self.dirty = False  # a hook fired since the last synchronize()
+
+    # ------------------------------------------------------------- backward
+    def on_grad(self, i):
+        """A gradient was accumulated into parameter ``i`` (runs inside backward)."""
+        with self.lock:
+            self.dirty = True
+            if self.ready[i]:
+                raise RuntimeError(
+                    f"the gradient of {self.plan.names[i]!r} was computed more than "
+                    f"backward_passes_per_step={self.plan.passes} times before step() or "
+                    "synchronize(); raise backward_passes_per_step to accumulate more "
+                    "backward passes locally")
+            self.remaining[i] -= 1
+            if self.remaining[i] > 0:
+                return
+            self._take(i)
+            self._launch_complete()
+
+    def _take(self, i):
+        """Copy parameter ``i``'s gradient (zeros if it has none) into its bucket."""
+        p, bucket = self.params[i], self.buckets[self.bucket_of[i]]
+        start = self.offset_of[i]
+        view = bucket.flat[start:start + p.numel()].view(p.shape)
+        with torch.no_grad():
+            if p.grad is None:
+                view.zero_()
+            else:
+                if p.grad.is_sparse:
+                    raise TypeError(f"parameter {self.plan.names[i]!r} got a sparse "
+                                    "gradient; DistributedOptimizer reduces dense gradients")
+                view.copy_(p.grad)
+        self.ready[i] = True
+        bucket.missing -= 1
+
+    def _launch_complete(self):
+        """Start complete buckets, in bucket order, up to the first incomplete one."""
+        while self.next_launch < len(self.buckets) and \
+                self.buckets[self.next_launch].missing == 0:
+            self._launch(self.buckets[self.next_launch])
+            self.next_launch += 1
+
+    def _launch(self, bucket):
+        bucket.job = Job(to_array(bucket.flat), bucket.key, bucket.codec, bucket.algorithm)
+        self.engine.submit(bucket.job)
+
+    # ----------------------------------------------------------- synchronize
+    def synchronize(self):
+        with self.lock:
+            for b in range(self.next_launch, len(self.buckets)):
+                bucket = self.buckets[b]
+                for i in bucket.members:
+                    if not self.ready[i]:
+                        self._take(i)
+                self._launch(bucket)
+            self.next_launch = len(self.buckets)
+            jobs = [bucket.job for bucket in self.buckets]
+            for job in jobs:
+                self.engine.wait(job)
+            error = next((job.error for job in jobs if job.error is not None), None)
+            if error is None:
+                self._write_back(jobs)
+            self._reset()
+        if error is not None:
+            raise error
+
+    def _write_back(self, jobs):
+        with torch.no_grad():
+            for bucket, job in zip(self.buckets, jobs):
+                result = from_array(job.result, like=bucket.flat)
+                for i in bucket.members:
+                    p, start = self.params[i], self.offset_of[i]
+                    values = result[start:start + p.numel()].view(p.shape)
+                    if p.grad is None:
+                        p.grad = torch.empty_like(p)
+                    p.grad.copy_(values)
+
+    @property
+    def pending(self):
+        return self.dirty or any(bucket.job is not None for bucket in self.buckets)
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self):
+        return {"version": STATE_VERSION, "rank": self.rank, "size": self.size,
+                "buckets": self.layout_hash,
+                "communicator": to_torch_tree(self.engine.communicator.state_dict())}
+
+    def check_state(self, state):
+        """Validate a :meth:`state_dict`; return whether its residuals apply to this rank."""
+        try:
+            version, layout = state["version"], state["buckets"]
+            saved_rank, saved_size = state["rank"], state["size"]
+            codec = state["communicator"]["codec"]
+        except (KeyError, TypeError):
+            raise ValueError("the 'ccl' entry of the state dict is not a "
+                             "DistributedOptimizer state") from None
+        if version != STATE_VERSION:
+            raise ValueError(f"ccl state version {version} is not supported "
+                             f"(this is version {STATE_VERSION})")
+        if layout != self.layout_hash:
+            raise ValueError("the state was saved by a DistributedOptimizer with other "
+                             "buckets (other parameters, fusion_threshold_bytes or "
+                             "named_parameters)")
+        if codec != self.plan.codec.get_config():
+            raise ValueError(f"the state was saved with codec {codec!r}, this optimizer uses "
+                             f"{self.plan.codec.get_config()!r}")
+        if (saved_rank, saved_size) != (self.rank, self.size):
+            warnings.warn(f"error-feedback residuals saved by rank {saved_rank} of "
+                          f"{saved_size} are not loaded on rank {self.rank} of {self.size} "
+                          "(they are per rank): residuals start from zero. Save "
+                          "optimizer.state_dict() on every rank to keep them.", stacklevel=3)
+            return False
+        return True
+
+    def load_state_dict(self, state):
+        self.engine.communicator.load_state_dict(to_numpy_tree(state["communicator"]))
+
+    def reset_residuals(self):
+        self.engine.communicator.feedback.load_state_dict({})
+
+
+def _hook(ref, i):
+    reducer = ref()
+    if reducer is not None:
+        reducer.on_grad(i)
+
+
