@@ -18,12 +18,13 @@ __all__ = ["Job", "Engine"]
 class Job:
     """One bucket's reduction: input, options, and the result or error once done."""
 
-    __slots__ = ("x", "key", "codec", "algorithm", "result", "error", "done")
+    __slots__ = ("x", "key", "codec", "algorithm", "result", "error", "done", "on_done")
 
-    def __init__(self, x, key, codec, algorithm):
+    def __init__(self, x, key, codec=None, algorithm=None, on_done=None):
         self.x, self.key, self.codec, self.algorithm = x, key, codec, algorithm
         self.result = self.error = None
         self.done = threading.Event()
+        self.on_done = on_done  # called with the job once it is done, in the thread that ran it
 
     def run(self, communicator):
         try:
@@ -33,6 +34,8 @@ class Job:
             self.error = exc
         finally:
             self.done.set()
+        if self.on_done is not None:
+            self.on_done(self)
 
 
 def _serve(jobs, communicator):
@@ -45,16 +48,24 @@ def _serve(jobs, communicator):
 
 
 class Engine:
-    """One optimizer's private communicator, :class:`ccl.Communicator` and thread."""
+    """A private communicator, its :class:`ccl.Communicator` and thread (collective).
 
-    def __init__(self, runtime, plan):
+    Parameters
+    ----------
+    runtime : object
+        The initialised ``ccl.torch`` (``ccl.torch.runtime.current()``); its
+        communicator is duplicated.
+    codec, algorithm, op
+        Defaults of the :class:`ccl.Communicator`.
+    **options
+        Further :class:`ccl.Communicator` arguments.
+    """
+
+    def __init__(self, runtime, codec, algorithm, op, **options):
         # A communicator of its own: this engine's thread must never share a
         # communicator's message order with another thread (collective).
         self.comm = runtime.comm.Dup()
-        # The plan already sends small buckets uncompressed; large ones are reduced in
-        # partitions with their own residuals (the Communicator's partition_bytes).
-        self.communicator = Communicator(self.comm, plan.codec, plan.algorithm, op=plan.op,
-                                         min_compress_bytes=0)
+        self.communicator = Communicator(self.comm, codec, algorithm, op=op, **options)
         self.reductions = 0
         self.closed = False
         self._jobs = queue.SimpleQueue()
@@ -66,11 +77,16 @@ class Engine:
             self._thread.start()
         runtime.engines.append(self)
 
+    @property
+    def threaded(self):
+        """Whether jobs run in the background thread (else in :meth:`wait`'s caller)."""
+        return self._thread is not None
+
     def submit(self, job):
         """Queue a job; jobs run in submission order."""
         if self.closed:
-            raise RuntimeError("ccl.torch was shut down: this optimizer cannot reduce "
-                               "gradients any more")
+            raise RuntimeError("ccl.torch was shut down: this optimizer (or DDP hook) cannot "
+                               "reduce gradients any more")
         self.reductions += 1
         if self._thread is None:
             self._inline.append(job)  # run by wait(), in the calling thread

@@ -54,7 +54,9 @@ class Reducer:
         self.plan = plan
         self.params = plan.params
         self.rank, self.size = runtime.rank, runtime.size
-        self.engine = Engine(runtime, plan)
+        # The plan already sends small buckets uncompressed; large ones are reduced in
+        # partitions with their own residuals (the Communicator's partition_bytes).
+        self.engine = Engine(runtime, plan.codec, plan.algorithm, plan.op, min_compress_bytes=0)
         self.lock = threading.RLock()
         self.bucket_of, self.offset_of = [0] * len(self.params), [0] * len(self.params)
         self.buckets = []
