@@ -120,8 +120,6 @@ def named_params(optimizer, named_parameters):
     return [(name, p) for name, p in items if p in owned]
 
 
-
-
 class Plan:
     """Validated arguments of one DistributedOptimizer: names, buckets and options."""
 
@@ -145,32 +143,76 @@ class Plan:
         self.codec = get_codec(codec)
         self.algorithm, self.op, self.passes = algorithm, op, k
         self.threshold, self.min_compress = fusion_threshold_bytes, min_compress_bytes
+        if named_parameters is not None and not isinstance(named_parameters, dict):
+            named_parameters = list(named_parameters)  # read twice: here and by extend()
         named = named_params(optimizer, named_parameters)
-        named.reverse()  # gradients of the last layers are ready first
+        # names of parameters a later add_param_group may bring (positions otherwise)
+        self.given_names = None if named_parameters is None else \
+            {p: name for name, p in dict(named_parameters).items()}
+        self.names, self.params, self.buckets, self.compressed = [], [], [], []
+        self._add(named)
+
+    def _add(self, named):
+        """Append buckets of the parameters ``named`` (registration order); return them."""
+        named = named[::-1]  # gradients of the last layers are ready first
         for name, p in named:
             if p.is_sparse or p.layout != torch.strided:
                 raise TypeError(f"parameter {name!r} is not a dense tensor; "
                                 "DistributedOptimizer reduces dense gradients only")
             work_dtype(p.dtype)
-        self.names = [name for name, _ in named]
-        self.params = [p for _, p in named]
+        first = len(self.params)
         entries = [(p.numel() * work_dtype(p.dtype).itemsize, work_dtype(p.dtype))
-                   for p in self.params]
+                   for _, p in named]
         # lossy codecs scale (or select) per chunk: keep their chunks inside one tensor
-        solo = max(min_compress_bytes, 1) if self.codec.error_feedback else None
-        self.buckets = plan_buckets(entries, max(fusion_threshold_bytes, 1), solo)
-        self.compressed = []
-        for members in self.buckets:
+        solo = max(self.min_compress, 1) if self.codec.error_feedback else None
+        added, compressed = [], []
+        for members in plan_buckets(entries, max(self.threshold, 1), solo):
             dtype = entries[members[0]][1]
             nbytes = sum(entries[i][0] for i in members)
-            compress = not self.codec.identity and nbytes >= min_compress_bytes
+            compress = not self.codec.identity and nbytes >= self.min_compress
             np_dtype = np.dtype(str(dtype).replace("torch.", ""))
             if compress and np_dtype not in self.codec.input_dtypes:
                 raise TypeError(f"codec {self.codec.codec_id!r} does not take {np_dtype} "
-                                f"gradients (parameters {[self.names[i] for i in members][:3]}"
+                                f"gradients (parameters {[named[i][0] for i in members][:3]}"
                                 "...): use float32 parameters or a codec that accepts "
                                 f"{np_dtype}")
-            self.compressed.append(compress)
+            added.append([first + i for i in members])
+            compressed.append(compress)
+        # nothing changes before every check passed
+        self.names += [name for name, _ in named]
+        self.params += [p for _, p in named]
+        self.buckets += added
+        self.compressed += compressed
+        return added
+
+    def extend(self, optimizer):
+        """Plan the optimizer's trainable parameters that have no bucket yet.
+
+        For parameters that ``add_param_group`` brought after wrapping. A
+        parameter is named as in ``named_parameters`` if it was there, else by
+        its position in ``param_groups`` (the same on every rank).
+
+        Returns
+        -------
+        list of list of int
+            The new buckets, as indices into :attr:`params`.
+        """
+        known = set(self.params)
+        named = []
+        for g, group in enumerate(optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                if p.requires_grad and p not in known:
+                    known.add(p)
+                    given = self.given_names.get(p) if self.given_names else None
+                    named.append((given or f"group{g}.param{i}", p))
+        return self._add(named)
+
+    def drop(self, buckets):
+        """Forget the last ``buckets`` that :meth:`extend` returned (and their parameters)."""
+        if buckets:
+            first = buckets[0][0]
+            del self.names[first:], self.params[first:]
+            del self.buckets[-len(buckets):], self.compressed[-len(buckets):]
 
     def layout(self):
         """What the buckets are made of: names, shapes and dtypes, bucket by bucket."""

@@ -43,8 +43,11 @@ class _DistributedMixin:
         """Finish every bucket's reduction and write the averaged gradients into ``.grad``.
 
         Buckets not started yet (some of their parameters got no gradient on
-        this rank) are started now, with zeros for those parameters; every
-        parameter then has a ``.grad``. Call it before clipping or inspecting
+        this rank) are started now, with zeros for those parameters, and every
+        parameter that got a gradient on some rank then has the average in
+        ``.grad``. A parameter that got none on any rank (frozen, or unused
+        everywhere) keeps ``.grad`` None, as in PyTorch, so the optimizer
+        skips it. Call it before clipping or inspecting
         gradients, then call :meth:`step` inside :meth:`skip_synchronize`.
         Collective: every rank calls it the same number of times.
 
@@ -131,6 +134,47 @@ class _DistributedMixin:
                                "gradients are still being reduced (and other ranks wait for "
                                "this rank's share); call step() or synchronize() first")
         return super().zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group):
+        """Add a parameter group, whose parameters are averaged too (collective).
+
+        As ``torch.optim.Optimizer.add_param_group``; every rank adds the
+        same group, in the same order. Its trainable parameters get buckets
+        of their own after the existing ones, named as in
+        ``named_parameters`` if they were there, else by their position in
+        ``param_groups``.
+
+        Parameters
+        ----------
+        param_group : dict
+            ``{"params": ..., **hyperparameters}``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            What ``torch.optim.Optimizer.add_param_group`` raises, on the rank
+            it raised on; :class:`ccl.MismatchError` on the others, which
+            then drop the group (no rank keeps it).
+        RuntimeError
+            While reductions are pending.
+        """
+        reducer = self.__dict__.get("_ccl")
+        if reducer is None:  # the wrapped class's own __init__ (not wrapped yet)
+            super().add_param_group(param_group)
+            return
+        if reducer.pending:
+            raise RuntimeError("optimizer.add_param_group() while gradients are being "
+                               "reduced: call step() or synchronize() first")
+        groups, error = len(self.param_groups), None
+        try:
+            super().add_param_group(param_group)
+        except (TypeError, ValueError) as exc:
+            error = exc
+        try:
+            reducer.extend(self, error)
+        except Exception:
+            del self.param_groups[groups:]
+            raise
 
     def state_dict(self):
         """The wrapped optimizer's state dict plus this rank's error-feedback state ("ccl").

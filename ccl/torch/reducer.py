@@ -15,8 +15,11 @@ import warnings
 import weakref
 import zlib
 
+import numpy as np
 import torch
+from mpi4py import MPI
 
+from ..agreement import agree
 from .buckets import work_dtype
 from .engine import Engine, Job
 from .functions import from_array, to_array, to_numpy_tree, to_torch_tree
@@ -57,11 +60,22 @@ class Reducer:
         # The plan already sends small buckets uncompressed; large ones are reduced in
         # partitions with their own residuals (the Communicator's partition_bytes).
         self.engine = Engine(runtime, plan.codec, plan.algorithm, plan.op, min_compress_bytes=0)
+        self.comm = runtime.comm  # this thread's: the gradient census of synchronize()
         self.lock = threading.RLock()
-        self.bucket_of, self.offset_of = [0] * len(self.params), [0] * len(self.params)
-        self.buckets = []
-        for b, members in enumerate(plan.buckets):
-            offset = 0
+        self.bucket_of, self.offset_of, self.buckets = [], [], []
+        self.skip = False
+        self.synced_since_step = False
+        self._handles = []
+        self._add_buckets(plan.buckets)
+        weakref.finalize(self, _release, self._handles, self.engine)
+
+    def _add_buckets(self, buckets):
+        """Flat buffers and gradient hooks for the plan's new ``buckets``."""
+        plan, ref = self.plan, weakref.ref(self)
+        self.bucket_of += [0] * (len(self.params) - len(self.bucket_of))
+        self.offset_of += [0] * (len(self.params) - len(self.offset_of))
+        for members in buckets:
+            b, offset = len(self.buckets), 0
             for i in members:
                 self.bucket_of[i], self.offset_of[i] = b, offset
                 offset += self.params[i].numel()
@@ -75,14 +89,35 @@ class Reducer:
                 # Too small to pay for compression: the MPI library's own Allreduce.
                 bucket.codec, bucket.algorithm, bucket.key = "none", "auto", None
             self.buckets.append(bucket)
+            self._handles += [self.params[i].register_post_accumulate_grad_hook(
+                lambda param, i=i: _hook(ref, i)) for i in members]
         self.layout_hash = zlib.crc32(repr(plan.layout()).encode("utf-8"))
         self._reset()
-        self.skip = False
-        self.synced_since_step = False
-        ref = weakref.ref(self)
-        handles = [p.register_post_accumulate_grad_hook(
-            lambda param, i=i: _hook(ref, i)) for i, p in enumerate(self.params)]
-        weakref.finalize(self, _release, handles, self.engine)
+
+    def extend(self, optimizer, error=None):
+        """Reduce the parameters ``add_param_group`` brought too (collective).
+
+        Parameters
+        ----------
+        optimizer : torch.optim.Optimizer
+            The wrapped optimizer, its new group already added.
+        error : Exception, optional
+            What this rank's ``add_param_group`` raised: raised here after
+            the ranks compared their new buckets, so that all of them raise.
+        """
+        buckets = []
+        if error is None:
+            try:
+                buckets = self.plan.extend(optimizer)
+            except (TypeError, ValueError) as exc:
+                error = exc
+        layout = self.plan.layout()[len(self.plan.buckets) - len(buckets):] if buckets else []
+        try:
+            agree(self.comm, "add_param_group", [("new buckets", layout)], error)
+        except Exception:
+            self.plan.drop(buckets)  # another rank failed: back to the buckets all ranks have
+            raise
+        self._add_buckets(buckets)
 
     def _reset(self):
         self.remaining = [self.plan.passes] * len(self.params)
@@ -139,28 +174,47 @@ class Reducer:
     # ----------------------------------------------------------- synchronize
     def synchronize(self):
         with self.lock:
+            anywhere = self._gradients_anywhere()
             for b in range(self.next_launch, len(self.buckets)):
                 bucket = self.buckets[b]
+                if not any(anywhere[i] for i in bucket.members):
+                    continue  # no rank has a gradient for these: they keep .grad None
                 for i in bucket.members:
                     if not self.ready[i]:
                         self._take(i)
                 self._launch(bucket)
             self.next_launch = len(self.buckets)
-            jobs = [bucket.job for bucket in self.buckets]
-            for job in jobs:
-                self.engine.wait(job)
-            error = next((job.error for job in jobs if job.error is not None), None)
+            launched = [bucket for bucket in self.buckets if bucket.job is not None]
+            for bucket in launched:
+                self.engine.wait(bucket.job)
+            error = next((b.job.error for b in launched if b.job.error is not None), None)
             if error is None:
-                self._write_back(jobs)
+                self._write_back(launched, anywhere)
             self._reset()
         if error is not None:
             raise error
 
-    def _write_back(self, jobs):
+    def _gradients_anywhere(self):
+        """Per parameter: whether some rank has a gradient for it (collective, tiny).
+
+        As in PyTorch, a parameter that got no gradient (frozen, or unused in
+        this step) on every rank keeps ``.grad`` None, so the optimizer skips
+        it; one that got a gradient on some ranks gets zeros on the others
+        and the average everywhere, as in Horovod.
+        """
+        has = np.fromiter((self.ready[i] or p.grad is not None
+                           for i, p in enumerate(self.params)), dtype=np.uint8,
+                          count=len(self.params))
+        self.comm.Allreduce(MPI.IN_PLACE, has, op=MPI.MAX)
+        return has.astype(bool)
+
+    def _write_back(self, buckets, anywhere):
         with torch.no_grad():
-            for bucket, job in zip(self.buckets, jobs):
-                result = from_array(job.result, like=bucket.flat)
+            for bucket in buckets:
+                result = from_array(bucket.job.result, like=bucket.flat)
                 for i in bucket.members:
+                    if not anywhere[i]:
+                        continue
                     p, start = self.params[i], self.offset_of[i]
                     values = result[start:start + p.numel()].view(p.shape)
                     if p.grad is None:
