@@ -19,6 +19,7 @@ puts them in. Residuals of buckets that DDP no longer builds are dropped.
 """
 
 import warnings
+import weakref
 
 import torch
 
@@ -72,6 +73,8 @@ class DDPHookState:
     def __init__(self, runtime, codec, algorithm, options):
         self.rank, self.size = runtime.rank, runtime.size
         self.engine = Engine(runtime, codec, algorithm, "mean", **options)
+        # gone on every rank: the communicator is freed at the next collective point
+        weakref.finalize(self, self.engine.retire)
         self._numbers = {}  # id(parameter) -> its number, in the order the hook saw them
         self._seen = []  # the parameters themselves, so that their ids stay theirs
         self._pass_keys = {}  # key -> parameter numbers, of the backward pass in progress

@@ -62,6 +62,9 @@ class Engine:
     """
 
     def __init__(self, runtime, codec, algorithm, op, **options):
+        # Engines of optimizers (or hooks) gone since the last one was made: freed
+        # now, at a point every rank reaches in the same order.
+        runtime.free_retired()
         # A communicator of its own: this engine's thread must never share a
         # communicator's message order with another thread (collective).
         self.comm = runtime.comm.Dup()
@@ -75,7 +78,8 @@ class Engine:
             self._thread = threading.Thread(target=_serve, args=(self._jobs, self.communicator),
                                             name="ccl.torch-comm", daemon=True)
             self._thread.start()
-        runtime.engines.append(self)
+        self.retired = runtime.retired
+        self.number = runtime.register(self)
 
     @property
     def threaded(self):
@@ -104,14 +108,26 @@ class Engine:
         if self._thread is not None and self._thread.is_alive():
             self._jobs.put(None)
 
+    def retire(self):
+        """The owner is gone: stop the thread, free the communicator at the next collective point.
+
+        Safe in a finalizer (no MPI call, no lock).
+        """
+        self.stop()
+        self.retired.put(self.number)
+
+    def join(self, timeout=None):
+        """Stop the thread once its queued jobs are done and wait for it (no MPI call here)."""
+        self.stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
     def close(self):
         """Finish queued jobs, stop the thread and free the communicator (collective)."""
         if self.closed:
             return
         self.closed = True
-        self.stop()
-        if self._thread is not None:
-            self._thread.join()
+        self.join()
         for job in self._inline:
             job.run(self.communicator)
         self._inline = []

@@ -47,7 +47,7 @@ class _Bucket:
 def _release(handles, engine):
     for handle in handles:
         handle.remove()
-    engine.stop()
+    engine.retire()
 
 
 class Reducer:
