@@ -80,6 +80,7 @@ class DDPHookState:
         self._pass_keys = {}  # key -> parameter numbers, of the backward pass in progress
         self._live = None  # the same for the last complete backward pass
         self._restored = None  # the groups of parameters of a loaded state
+        self._held = set()  # keys that may hold residuals
         self._pass_over = True
         self._last = None  # the last job submitted
 
@@ -114,11 +115,12 @@ class DDPHookState:
     def _start_pass(self):
         """A new backward pass: forget residuals of buckets the last pass did not build."""
         self._wait()
-        if self._live is not None:
+        if self._live is not None and self._held - set(self._live):
+            # once, after DDP rebuilt its buckets (the snapshot copies every residual)
             feedback = self.engine.communicator.feedback
             held = feedback.state_dict()
-            if set(held) - set(self._live):  # once, after DDP rebuilt its buckets
-                feedback.load_state_dict({k: v for k, v in held.items() if k in self._live})
+            feedback.load_state_dict({k: v for k, v in held.items() if k in self._live})
+            self._held = set(self._live)
         self._pass_keys = {}
         self._pass_over = False
 
@@ -172,6 +174,7 @@ class DDPHookState:
         groups = self._groups(where)
         for group in groups:
             self._pass_keys[_key(group)] = group
+            self._held.add(_key(group))
         if bucket.is_last():
             self._live, self._pass_over = dict(self._pass_keys), True
         dtype = work_dtype(buffer.dtype)
@@ -275,6 +278,7 @@ class DDPHookState:
             self.engine.communicator.feedback.load_state_dict({})
             return
         self.engine.communicator.load_state_dict(to_numpy_tree(communicator))
+        self._held |= set(communicator["feedback"])
 
 
 def ccl_comm_hook(state, bucket):
