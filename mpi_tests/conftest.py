@@ -7,6 +7,8 @@ collective left dangling by one test can never match the next test's.
 """
 
 import os
+import shutil
+import subprocess
 import sys
 import zlib
 
@@ -17,6 +19,33 @@ from mpi4py import MPI
 sys.path.insert(0, os.path.dirname(__file__))
 
 from ccl.codecs import Codec, register_codec  # noqa: E402
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def mpiexec():
+    """The ``mpiexec`` next to this Python, else on PATH (None if there is none)."""
+    candidate = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return candidate if os.path.exists(candidate) else shutil.which("mpiexec")
+
+
+def launch(args, ranks, timeout):
+    """Run ``mpiexec -n ranks python *args`` as a job of its own, from the repository root.
+
+    Skips the test where there is no ``mpiexec``. Returns the
+    ``subprocess.CompletedProcess`` (text output captured).
+    """
+    if mpiexec() is None:
+        pytest.skip("no mpiexec on PATH")
+    env = dict(os.environ, HYDRA_LAUNCHER="fork", MPIEXEC_TIMEOUT=str(timeout),
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    # the launcher variables of an enclosing job would describe that job, not this one
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
+        env.pop(name, None)
+    return subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, *args],
+                          capture_output=True, text=True, timeout=timeout + 30, env=env,
+                          cwd=ROOT)
 
 
 @pytest.fixture

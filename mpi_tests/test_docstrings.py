@@ -36,7 +36,8 @@ ALWAYS = {
 # functions and classes (not every method) also show an example
 WITH_EXAMPLE = ALWAYS | {"EX01"}
 
-TORCH_MODULES = ["ccl.torch.runtime", "ccl.torch.functions", "ccl.torch.optimizer"]
+TORCH_MODULES = ["ccl.torch.runtime", "ccl.torch.functions", "ccl.torch.buckets", "ccl.torch.ddp",
+                 "ccl.torch.optimizer"]
 DOCTEST_MODULES = [
     "ccl", "ccl.api", "ccl.errors", "ccl.feedback", "ccl.launch",
     "ccl.codecs.base", "ccl.codecs.configurable", "ccl.codecs.framing", "ccl.codecs.header",

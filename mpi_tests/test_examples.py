@@ -9,14 +9,12 @@ prints. Serial tests: each launches its own 4-rank job once.
 
 import os
 import re
-import shutil
-import subprocess
-import sys
 
 import pytest
 from mpi4py import MPI
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT, launch
+
 RANKS = 4
 JOB_TIMEOUT = 240
 
@@ -24,24 +22,9 @@ serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
                             reason="serial test: launches its own 4-rank job")
 
 
-def _mpiexec():
-    candidate = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return candidate if os.path.exists(candidate) else shutil.which("mpiexec")
-
-
 def run_example(name):
     """Run ``examples/<name>`` on 4 ranks; return its output, failing on a non-zero exit."""
-    if _mpiexec() is None:
-        pytest.skip("no mpiexec on PATH")
-    env = dict(os.environ, HYDRA_LAUNCHER="fork", MPIEXEC_TIMEOUT=str(JOB_TIMEOUT),
-               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    # the launcher variables of an enclosing job would describe that job, not this one
-    for name_ in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
-        env.pop(name_, None)
-    command = [_mpiexec(), "-n", str(RANKS), sys.executable, "-m", "mpi4py",
-               os.path.join(ROOT, "examples", name)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT + 30,
-                            env=env, cwd=ROOT)
+    result = launch(["-m", "mpi4py", os.path.join(ROOT, "examples", name)], RANKS, JOB_TIMEOUT)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{name} failed ({result.returncode}):\n{output[-3000:]}"
     return result.stdout

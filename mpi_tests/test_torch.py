@@ -172,7 +172,11 @@ def test_parameters_stay_identical_on_every_rank(comm, hvd, codec):
     after = flat_params(model)
     assert np.isfinite(after).all() and not np.array_equal(before, after)
     assert_same_on_all_ranks(comm, after)
-    assert opt.communication_stats()["reductions"] == 10 * stats["buckets"]
+    # the branch is unused on every rank: its buckets are not reduced (its .grad stays None)
+    unused = sum(all(name.startswith("branch") for name, _, _ in bucket)
+                 for bucket in opt._ccl.plan.layout())
+    assert model.branch.weight.grad is None
+    assert opt.communication_stats()["reductions"] == 10 * (stats["buckets"] - unused)
 
 
 def test_without_thread_multiple_reductions_run_at_synchronize(comm, hvd, monkeypatch):
@@ -185,7 +189,7 @@ def test_without_thread_multiple_reductions_run_at_synchronize(comm, hvd, monkey
         return flat_params(model)
 
     threaded = run()
-    monkeypatch.setattr("ccl.torch.optimizer.threads_supported", lambda: False)
+    monkeypatch.setattr("ccl.torch.engine.threads_supported", lambda: False)
     np.testing.assert_array_equal(run(), threaded)
 
 
@@ -303,6 +307,61 @@ def test_unused_branch_on_rank_zero_only(comm, hvd):
         with opt.skip_synchronize():
             opt.step()
     assert not torch.equal(model.branch.weight, branch_before)
+    assert_same_on_all_ranks(comm, flat_params(model))
+
+
+def test_param_group_added_after_wrapping_is_averaged(comm, hvd):
+    model = Net()
+    body = [p for n, p in model.named_parameters() if not n.startswith("branch")]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(body, lr=0.1),
+                                   named_parameters=model.named_parameters(), **SMALL_BUCKETS)
+    train(hvd, model, opt, 1)
+    buckets = opt.communication_stats()["buckets"]
+    opt.add_param_group({"params": list(model.branch.parameters()), "lr": 0.05})
+    assert opt.communication_stats()["buckets"] > buckets
+    for step in range(1, 3):
+        opt.zero_grad()
+        loss_of(model, comm.rank, step, use_branch=True).backward()
+        local = model.branch.weight.grad.clone()
+        opt.synchronize()
+        torch.testing.assert_close(model.branch.weight.grad, manual_average(comm, local),
+                                   rtol=1e-6, atol=1e-7)
+        with opt.skip_synchronize():
+            opt.step()
+    assert_same_on_all_ranks(comm, flat_params(model))
+    # a group that fails on one rank fails on all, and no rank keeps it
+    groups = len(opt.param_groups)
+    extra = torch.nn.Parameter(torch.zeros(2))
+    params = [model.fc1.weight] if comm.rank == 0 else [extra]  # rank 0: already in a group
+    with pytest.raises(ValueError if comm.rank == 0 else ccl.MismatchError):
+        opt.add_param_group({"params": params})
+    assert len(opt.param_groups) == groups
+    train(hvd, model, opt, 1, start=3)  # the ranks still agree on the buckets
+    assert_same_on_all_ranks(comm, flat_params(model))
+
+
+def test_parameters_without_gradient_anywhere_keep_none(comm, hvd):
+    # Plain PyTorch skips a parameter whose .grad is None: momentum and weight decay
+    # leave it alone. The wrapper must too, for frozen and unused parameters.
+    model = Net()
+    reference = Net()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1),
+        named_parameters=model.named_parameters(), codec="fp16", **SMALL_BUCKETS)
+    train(hvd, model, opt, 1)
+    model.fc1.weight.requires_grad_(False)  # frozen after wrapping
+    fc1_weight, branch = model.fc1.weight.detach().clone(), flat_params(model.branch)
+    for step in range(1, 4):
+        opt.zero_grad()
+        loss_of(model, comm.rank, step).backward()  # the branch is unused on every rank
+        opt.synchronize()
+        assert model.fc1.weight.grad is None and model.branch.weight.grad is None
+        assert model.fc2.weight.grad is not None
+        with opt.skip_synchronize():
+            opt.step()
+    assert torch.equal(model.fc1.weight, fc1_weight)
+    assert np.array_equal(flat_params(model.branch), branch)
+    assert not torch.equal(model.fc2.weight, reference.fc2.weight)
     assert_same_on_all_ranks(comm, flat_params(model))
 
 

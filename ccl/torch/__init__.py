@@ -19,6 +19,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
+from .ddp import ddp_comm_hook
 from .optimizer import DEFAULT_FUSION_THRESHOLD_BYTES, DistributedOptimizer
 from .runtime import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
                       rank, shutdown, size, threads_supported)
@@ -26,7 +27,7 @@ from .runtime import (cross_rank, cross_size, init, is_initialized, local_rank, 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "threads_supported",
-    "DistributedOptimizer", "DEFAULT_FUSION_THRESHOLD_BYTES",
+    "DistributedOptimizer", "DEFAULT_FUSION_THRESHOLD_BYTES", "ddp_comm_hook",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
     "allgather_object",
 ]

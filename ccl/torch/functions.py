@@ -16,7 +16,7 @@ from ..agreement import agree
 from .runtime import current
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
-           "allgather_object", "to_array", "from_array"]
+           "allgather_object", "to_array", "from_array", "to_torch_tree", "to_numpy_tree"]
 
 # Tensors start at multiples of this many bytes in the broadcast buffer, so a
 # byte slice can be viewed as any dtype without a copy.
@@ -42,6 +42,30 @@ def from_array(array, like):
     if isinstance(array, np.ndarray):
         return torch.from_numpy(array).to(like.device)
     return torch.from_dlpack(array)
+
+
+def to_torch_tree(obj):
+    """numpy arrays -> tensors in a nested structure (checkpoints load with weights_only)."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj, copy=True))
+    if isinstance(obj, dict):
+        return {k: to_torch_tree(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(to_torch_tree(v) for v in obj)
+    return obj
+
+
+def to_numpy_tree(obj):
+    """Tensors -> numpy arrays in a nested structure (the inverse of :func:`to_torch_tree`)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().numpy().copy()
+    if isinstance(obj, dict):
+        return {k: to_numpy_tree(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(to_numpy_tree(v) for v in obj)
+    return obj
+
+
 
 
 def _check_root(root_rank, size):

@@ -3,11 +3,16 @@
 :func:`init` duplicates the user's communicator once. Everything ``ccl.torch``
 does at the Python level (broadcasts, the optimizer's agreement checks) runs
 on that duplicate, so it can never match the user's own messages. Each
-:class:`~ccl.torch.DistributedOptimizer` duplicates it again for its own
-background thread, because two threads must never share one communicator's
-message order.
+:class:`~ccl.torch.DistributedOptimizer` (and each DDP hook) duplicates it
+again for its own background thread, because two threads must never share one
+communicator's message order. That duplicate is freed when its owner is
+garbage-collected on every rank, at the next one made (a collective point),
+or at :func:`shutdown`. A script may end without :func:`shutdown`: an exit
+handler stops the threads before MPI is finalized.
 """
 
+import atexit
+import queue
 import threading
 
 from mpi4py import MPI
@@ -34,12 +39,47 @@ class _Runtime:
         self.cross = self.comm.Split(self.local_rank, key=self.rank)
         self.cross_rank = self.cross.Get_rank()
         self.cross_size = self.cross.Get_size()
-        # every optimizer's engine, so shutdown() can free its communicator collectively
-        self.engines = []
+        # every live engine (optimizer or DDP hook) by its number, the same on every rank
+        # since engines are made collectively: shutdown() frees them in that order
+        self.engines = {}
+        self.made = 0
+        # numbers of engines whose owner was garbage-collected; a SimpleQueue because
+        # finalizers may run in any thread, inside any code (put() is reentrant-safe)
+        self.retired = queue.SimpleQueue()
+        self._retired = set()
+
+    def register(self, engine):
+        """Number a new engine (made collectively, so the same number on every rank)."""
+        number, self.made = self.made, self.made + 1
+        self.engines[number] = engine
+        return number
+
+    def free_retired(self):
+        """Free the engines of owners gone on every rank (collective, small).
+
+        Freeing a communicator is collective in MPI, and each rank's garbage
+        collector drops owners at its own time: the ranks first agree on the
+        engines retired everywhere, then free those, in number order.
+        """
+        while True:
+            try:
+                self._retired.add(self.retired.get_nowait())
+            except queue.Empty:
+                break
+        everywhere = set.intersection(*map(set, self.comm.allgather(sorted(self._retired))))
+        for number in sorted(everywhere):
+            self.engines.pop(number).close()
+        self._retired -= everywhere
+
+    def stop_threads(self, timeout):
+        """Let every engine finish its queued jobs and stop its thread (no collective)."""
+        for engine in list(self.engines.values()):
+            engine.join(timeout)
 
     def free(self):
-        for engine in self.engines:
-            engine.close()
+        for number in sorted(self.engines):
+            self.engines[number].close()
+        self.engines.clear()
         for c in (self.cross, self.local, self.comm):
             if c != MPI.COMM_NULL and not MPI.Is_finalized():
                 c.Free()
@@ -109,6 +149,31 @@ def shutdown():
         runtime, _RUNTIME = _RUNTIME, None
     if runtime is not None:
         runtime.free()
+
+
+#: Seconds the exit handler waits for a communication thread's queued reductions.
+EXIT_JOIN_SECONDS = 60
+
+
+def _stop_threads_at_exit():
+    """Stop the communication threads before MPI is finalized (without shutdown()).
+
+    A script may end without :func:`shutdown`. mpi4py finalizes MPI after
+    every ``atexit`` handler has run; this one runs before that and lets each
+    engine's thread finish its queued reductions (every rank queued the same
+    ones) and end, so that no thread is inside MPI, or woken up inside the
+    interpreter's finalization, when MPI and the interpreter go away. It does
+    not free communicators: ranks reach their exit at different times, and
+    MPI_Finalize releases them.
+    """
+    runtime = _RUNTIME
+    if runtime is not None:
+        runtime.stop_threads(EXIT_JOIN_SECONDS)
+
+
+# mpi4py is imported above, so this runs before its finalization (atexit is LIFO, and
+# mpi4py finalizes through Py_AtExit, after all atexit handlers)
+atexit.register(_stop_threads_at_exit)
 
 
 def is_initialized():

@@ -1,0 +1,366 @@
+"""ccl codecs inside ``DistributedDataParallel``: a communication hook.
+
+DDP cuts the gradients into buckets and hands each one, once it is ready in
+backward, to its communication hook, which returns a future of the averaged
+bucket. :func:`~ccl.torch.ddp_comm_hook` makes a hook that averages the bucket with
+ccl's compressed allreduce, in ccl's background thread and on a private
+duplicate of ``ccl.torch``'s communicator: DDP's process group (gloo, NCCL,
+MPI) carries nothing of it, so any ccl codec runs whatever its backend.
+
+Error feedback is kept per bucket, keyed by the parameters the bucket holds,
+not by its index: DDP rebuilds its buckets after the first iteration (in the
+order gradients became ready), so an index can name other parameters from
+one iteration to the next. Parameters are numbered in the order the hook
+first sees them, which is the same on every rank and in every run (DDP's
+first buckets follow the model's registration order), and a bucket is
+reduced with its parameters in the order of their numbers: the same
+parameters give the same key and the same flat layout whatever order DDP
+puts them in. Residuals of buckets that DDP no longer builds are dropped.
+"""
+
+import warnings
+import weakref
+
+import torch
+
+from ..agreement import agree
+from ..collectives import Options
+from .buckets import work_dtype
+from .engine import Engine, Job
+from .functions import from_array, to_array, to_numpy_tree, to_torch_tree
+from .runtime import current
+
+__all__ = ["ddp_comm_hook", "DDPHookState", "ccl_comm_hook"]
+
+#: Version of :meth:`DDPHookState.state_dict`'s format.
+STATE_VERSION = 1
+
+# The Communicator arguments the hook passes on (op is always "mean": DDP averages).
+_OPTIONS = ("partition_bytes", "min_compress_bytes", "segment_bytes", "link_gbps",
+            "cross_algorithm", "check_finite", "timeout")
+
+
+def _key(numbers):
+    """``"params 0-3,7"`` for the sorted integers ``[0, 1, 2, 3, 7]``: a short, readable key."""
+    parts, start = [], None
+    for i, n in enumerate(numbers):
+        if start is None:
+            start = n
+        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
+            parts.append(str(n) if start == n else f"{start}-{n}")
+            start = None
+    return "params " + ",".join(parts)
+
+
+class DDPHookState:
+    """The state of a :func:`~ccl.torch.ddp_comm_hook`: communicator, error feedback, parameter numbers.
+
+    Made by :func:`~ccl.torch.ddp_comm_hook`; pass it to ``register_comm_hook`` with the
+    hook. Checkpoint it with :meth:`state_dict` on every rank (residuals are
+    per rank) and restore it with :meth:`load_state_dict` before training
+    goes on.
+
+    Parameters
+    ----------
+    runtime : object
+        The initialised ``ccl.torch`` (``ccl.torch.runtime.current()``).
+    codec, algorithm
+        Validated codec and algorithm of the allreduce.
+    options : dict
+        Further :class:`ccl.Communicator` arguments.
+    """
+
+    def __init__(self, runtime, codec, algorithm, options):
+        self.rank, self.size = runtime.rank, runtime.size
+        self.engine = Engine(runtime, codec, algorithm, "mean", **options)
+        # gone on every rank: the communicator is freed at the next collective point
+        weakref.finalize(self, self.engine.retire)
+        self._numbers = {}  # id(parameter) -> its number, in the order the hook saw them
+        self._seen = []  # the parameters themselves, so that their ids stay theirs
+        self._pass_keys = {}  # key -> parameter numbers, of the backward pass in progress
+        self._live = None  # the same for the last complete backward pass
+        self._restored = None  # the groups of parameters of a loaded state
+        self._held = set()  # keys that may hold residuals
+        self._pass_over = True
+        self._last = None  # the last job submitted
+
+    @property
+    def communicator(self):
+        """The :class:`ccl.Communicator` the buckets are averaged with (its ``stats()``)."""
+        return self.engine.communicator
+
+    def _number(self, param):
+        number = self._numbers.get(id(param))
+        if number is None:
+            number = self._numbers[id(param)] = len(self._seen)
+            self._seen.append(param)
+        return number
+
+    def key(self, bucket):
+        """The error-feedback key of a bucket: the numbers of its parameters.
+
+        Parameters
+        ----------
+        bucket : torch.distributed.GradBucket
+            What DDP hands the hook.
+
+        Returns
+        -------
+        str
+            ``"params 0-3,7"``: the same for the same parameters, whatever
+            the bucket's index or the order of its parameters.
+        """
+        return _key(sorted(self._number(p) for p in bucket.parameters()))
+
+    def _start_pass(self):
+        """A new backward pass: forget residuals of buckets the last pass did not build."""
+        self._wait()
+        if self._live is not None and self._held - set(self._live):
+            # once, after DDP rebuilt its buckets (the snapshot copies every residual)
+            feedback = self.engine.communicator.feedback
+            held = feedback.state_dict()
+            feedback.load_state_dict({k: v for k, v in held.items() if k in self._live})
+            self._held = set(self._live)
+        self._pass_keys = {}
+        self._pass_over = False
+
+    def _wait(self):
+        if self._last is not None:
+            self.engine.wait(self._last)
+
+    def _groups(self, numbers):
+        """The parameter numbers reduced together: the bucket, or the restored buckets in it.
+
+        After :meth:`load_state_dict`, DDP starts again from its first
+        buckets, which may hold other parameters than the buckets whose
+        residuals were saved (it rebuilds them after the first iteration). A
+        bucket made of saved buckets is reduced as those buckets, so the run
+        goes on as if it had not stopped; what is left over is one more group.
+        """
+        whole = tuple(sorted(numbers))
+        if self._restored is None or whole in self._restored:
+            return [whole]
+        members, groups = set(whole), []
+        for group in self._restored:
+            if members.issuperset(group):
+                groups.append(group)
+                members.difference_update(group)
+        if members:
+            groups.append(tuple(sorted(members)))
+        return groups
+
+    def reduce(self, bucket):
+        """Start averaging ``bucket`` over all ranks; return the future of the average.
+
+        Parameters
+        ----------
+        bucket : torch.distributed.GradBucket
+            What DDP hands the hook.
+
+        Returns
+        -------
+        torch.futures.Future
+            Resolves to the bucket's buffer, overwritten with the average (or
+            to the collective's error, raised alike on every rank).
+        """
+        if self._pass_over:
+            self._start_pass()
+        buffer = bucket.buffer()
+        # each parameter's slice of the flat buffer, by the parameter's number
+        where, offset = {}, 0
+        for p in bucket.parameters():
+            where[self._number(p)] = (offset, p.numel())
+            offset += p.numel()
+        groups = self._groups(where)
+        for group in groups:
+            self._pass_keys[_key(group)] = group
+            self._held.add(_key(group))
+        if bucket.is_last():
+            self._live, self._pass_over = dict(self._pass_keys), True
+        dtype = work_dtype(buffer.dtype)
+        future = torch.futures.Future()
+        pending = [len(groups), None]  # jobs not done yet, the first error
+
+        def reduce_group(group):
+            offsets = [where[n][0] for n in group]
+            in_place = len(groups) == 1 and dtype == buffer.dtype and offsets == sorted(offsets)
+            x = buffer if in_place else torch.cat(
+                [buffer[where[n][0]:where[n][0] + where[n][1]] for n in group]).to(dtype)
+
+            def done(job):
+                # runs in the communication thread: errors go to the future, never up
+                try:
+                    if job.error is not None:
+                        raise job.error
+                    result = from_array(job.result, like=x)
+                    if in_place:
+                        buffer.copy_(result)
+                    else:
+                        at = 0
+                        for n in group:
+                            start, size = where[n]
+                            buffer[start:start + size].copy_(result[at:at + size])
+                            at += size
+                except BaseException as exc:
+                    pending[1] = pending[1] or exc
+                pending[0] -= 1  # jobs finish one at a time, in one thread
+                if pending[0] == 0:
+                    if pending[1] is None:
+                        future.set_result(buffer)
+                    else:
+                        future.set_exception(pending[1])
+
+            job = Job(to_array(x), _key(group), on_done=done)
+            self.engine.submit(job)
+            self._last = job
+
+        for group in groups:
+            reduce_group(group)
+        if not self.engine.threaded:
+            self.engine.wait(self._last)  # no background thread: reduce now, in this thread
+        return future
+
+    def state_dict(self):
+        """This rank's error-feedback residuals, for a checkpoint.
+
+        Returns
+        -------
+        dict
+            ``version``, ``rank``, ``size``, ``buckets`` (the parameter
+            numbers of each bucket of the last backward pass) and
+            ``communicator`` (the :meth:`ccl.Communicator.state_dict` of those
+            buckets, arrays as tensors so that ``torch.load(...,
+            weights_only=True)`` reads it).
+        """
+        self._wait()
+        state = self.engine.communicator.state_dict()
+        if self._live is not None:
+            state["feedback"] = {k: v for k, v in state["feedback"].items() if k in self._live}
+        layout = self._live.values() if self._live is not None else self._restored or ()
+        groups = [list(group) for group in layout]
+        return {"version": STATE_VERSION, "rank": self.rank, "size": self.size,
+                "buckets": groups, "communicator": to_torch_tree(state)}
+
+    def load_state_dict(self, state):
+        """Restore :meth:`state_dict` output saved by this rank.
+
+        Residuals saved by another rank (or at another size) are not loaded:
+        they start from zero, with a warning.
+
+        Parameters
+        ----------
+        state : dict
+            What :meth:`state_dict` returned.
+
+        Raises
+        ------
+        ValueError
+            If ``state`` is not a hook state, is of another version, or was
+            saved with another codec.
+        """
+        try:
+            version, communicator = state["version"], state["communicator"]
+            saved = (state["rank"], state["size"])
+            groups = [tuple(int(n) for n in group) for group in state["buckets"]]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("not a ccl DDP hook state (what DDPHookState.state_dict() "
+                             "returns)") from None
+        if version != STATE_VERSION:
+            raise ValueError(f"ccl DDP hook state version {version} is not supported (this "
+                             f"is version {STATE_VERSION})")
+        self._wait()
+        # every rank loads the same buckets, also where its residuals do not apply
+        self._restored = groups or None
+        if saved != (self.rank, self.size):
+            warnings.warn(f"error-feedback residuals saved by rank {saved[0]} of {saved[1]} "
+                          f"are not loaded on rank {self.rank} of {self.size} (they are per "
+                          "rank): residuals start from zero", stacklevel=2)
+            self.engine.communicator.feedback.load_state_dict({})
+            return
+        self.engine.communicator.load_state_dict(to_numpy_tree(communicator))
+        self._held |= set(communicator["feedback"])
+
+
+def ccl_comm_hook(state, bucket):
+    """The DDP communication hook: average ``bucket`` with ccl (see :func:`~ccl.torch.ddp_comm_hook`).
+
+    Parameters
+    ----------
+    state : DDPHookState
+        What :func:`~ccl.torch.ddp_comm_hook` returned with it.
+    bucket : torch.distributed.GradBucket
+        DDP's bucket of gradients.
+
+    Returns
+    -------
+    torch.futures.Future
+        Resolves to the averaged flat bucket.
+    """
+    return state.reduce(bucket)
+
+
+def ddp_comm_hook(codec, algorithm="auto", **options):
+    """A DDP communication hook that averages gradients with a ccl codec (collective).
+
+    ``ddp.register_comm_hook(*ccl.torch.ddp_comm_hook("thc"))`` makes
+    ``torch.nn.parallel.DistributedDataParallel`` average each gradient bucket
+    with ccl's compressed allreduce (op mean), with error feedback per bucket.
+    It runs on ``ccl.torch``'s own communicator, in ccl's background thread,
+    whatever backend DDP's process group uses. Every rank calls it, in the
+    same order as the other collectives of ``ccl.torch``.
+
+    Parameters
+    ----------
+    codec : Codec, str, dict or None
+        How gradients are compressed (see :func:`ccl.codecs.get_codec`);
+        ``"none"`` or ``None`` sends them uncompressed.
+    algorithm : {"auto", "ring", "tree", "direct", "allgather", "hierarchical"}
+        Allreduce algorithm (see :func:`ccl.compressed_allreduce`).
+    **options
+        ``partition_bytes``, ``min_compress_bytes``, ``segment_bytes``,
+        ``link_gbps``, ``cross_algorithm``, ``check_finite`` or ``timeout``,
+        as for :class:`ccl.Communicator` (buckets below
+        ``min_compress_bytes``, 65536 by default, go uncompressed).
+
+    Returns
+    -------
+    state : DDPHookState
+        The hook's state: checkpoint it with ``state.state_dict()``.
+    hook : callable
+        :func:`~ccl.torch.ddp.ccl_comm_hook`, for ``register_comm_hook(state, hook)``.
+
+    Raises
+    ------
+    RuntimeError
+        If :func:`ccl.torch.init` was not called.
+    TypeError, ValueError
+        Bad arguments (on the rank that passed them).
+    ccl.MismatchError
+        On the other ranks, or if ranks passed different arguments.
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as ct
+    >>> ct.init()
+    >>> state, hook = ct.ddp_comm_hook("fp16", min_compress_bytes=0)
+    >>> hook.__name__
+    'ccl_comm_hook'
+
+    With a process group (e.g. ``dist.init_process_group("gloo")``):
+
+    >>> ddp = torch.nn.parallel.DistributedDataParallel(model)  # doctest: +SKIP
+    >>> ddp.register_comm_hook(state, hook)                     # doctest: +SKIP
+    """
+    runtime = current()
+    signature, error = None, None
+    try:
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise TypeError(f"ddp_comm_hook() got unknown options {unknown}; it takes "
+                            f"{', '.join(_OPTIONS)} (the op is always the mean)")
+        valid = Options.make(codec, "mean", algorithm, **options)
+        signature = (valid.codec.get_config(), algorithm, sorted(options.items()))
+    except (TypeError, ValueError) as exc:
+        error = exc
+    agree(runtime.comm, "ddp_comm_hook", [("arguments", signature)], error)
+    return DDPHookState(runtime, valid.codec, algorithm, options), ccl_comm_hook

@@ -1,0 +1,273 @@
+"""The per-step bookkeeping of a ``DistributedOptimizer``: hooks, buckets, state.
+
+A ``post_accumulate_grad`` hook per parameter copies its gradient into its
+bucket's flat buffer once the gradient is final for this step (after
+``backward_passes_per_step`` backward passes). When a bucket is complete, and
+every bucket before it has been started, it is handed to the
+:class:`~ccl.torch.engine.Engine`, which reduces buckets strictly in bucket
+order with ``key="bucket<i>"`` (error feedback per bucket) while backward is
+still computing the earlier layers' gradients. :meth:`Reducer.synchronize`
+starts the rest and writes the averages back into ``.grad``.
+"""
+
+import threading
+import warnings
+import weakref
+import zlib
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from ..agreement import agree
+from .buckets import work_dtype
+from .engine import Engine, Job
+from .functions import from_array, to_array, to_numpy_tree, to_torch_tree
+
+__all__ = ["Reducer", "STATE_VERSION"]
+
+#: Version of the ``"ccl"`` entry of a DistributedOptimizer's state dict.
+STATE_VERSION = 1
+
+
+class _Bucket:
+    """A group of parameters reduced as one flat array."""
+
+    __slots__ = ("members", "flat", "codec", "algorithm", "key", "missing", "job")
+
+    def __init__(self, members, flat):
+        self.members = members  # indices into the reducer's parameter list, in order
+        self.flat = flat
+        self.missing = len(members)  # parameters whose gradient is not in flat yet
+        self.job = None
+        self.codec = self.algorithm = self.key = None
+
+
+
+def _release(handles, engine):
+    for handle in handles:
+        handle.remove()
+    engine.retire()
+
+
+class Reducer:
+    """Hooks, buckets and per-step bookkeeping of one DistributedOptimizer."""
+
+    def __init__(self, runtime, plan):
+        self.plan = plan
+        self.params = plan.params
+        self.rank, self.size = runtime.rank, runtime.size
+        # The plan already sends small buckets uncompressed; large ones are reduced in
+        # partitions with their own residuals (the Communicator's partition_bytes).
+        self.engine = Engine(runtime, plan.codec, plan.algorithm, plan.op, min_compress_bytes=0)
+        self.comm = runtime.comm  # this thread's: the gradient census of synchronize()
+        self.lock = threading.RLock()
+        self.bucket_of, self.offset_of, self.buckets = [], [], []
+        self.skip = False
+        self.synced_since_step = False
+        self._handles = []
+        self._add_buckets(plan.buckets)
+        weakref.finalize(self, _release, self._handles, self.engine)
+
+    def _add_buckets(self, buckets):
+        """Flat buffers and gradient hooks for the plan's new ``buckets``."""
+        plan, ref = self.plan, weakref.ref(self)
+        self.bucket_of += [0] * (len(self.params) - len(self.bucket_of))
+        self.offset_of += [0] * (len(self.params) - len(self.offset_of))
+        for members in buckets:
+            b, offset = len(self.buckets), 0
+            for i in members:
+                self.bucket_of[i], self.offset_of[i] = b, offset
+                offset += self.params[i].numel()
+            first = self.params[members[0]]
+            bucket = _Bucket(members, torch.zeros(offset, dtype=work_dtype(first.dtype),
+                                                  device=first.device))
+            if plan.compressed[b]:
+                bucket.codec, bucket.algorithm, bucket.key = plan.codec, plan.algorithm, \
+                    f"bucket{b}"
+            else:
+                # Too small to pay for compression: the MPI library's own Allreduce.
+                bucket.codec, bucket.algorithm, bucket.key = "none", "auto", None
+            self.buckets.append(bucket)
+            self._handles += [self.params[i].register_post_accumulate_grad_hook(
+                lambda param, i=i: _hook(ref, i)) for i in members]
+        self.layout_hash = zlib.crc32(repr(plan.layout()).encode("utf-8"))
+        self._reset()
+
+    def extend(self, optimizer, error=None):
+        """Reduce the parameters ``add_param_group`` brought too (collective).
+
+        Parameters
+        ----------
+        optimizer : torch.optim.Optimizer
+            The wrapped optimizer, its new group already added.
+        error : Exception, optional
+            What this rank's ``add_param_group`` raised: raised here after
+            the ranks compared their new buckets, so that all of them raise.
+        """
+        buckets = []
+        if error is None:
+            try:
+                buckets = self.plan.extend(optimizer)
+            except (TypeError, ValueError) as exc:
+                error = exc
+        layout = self.plan.layout()[len(self.plan.buckets) - len(buckets):] if buckets else []
+        try:
+            agree(self.comm, "add_param_group", [("new buckets", layout)], error)
+        except Exception:
+            self.plan.drop(buckets)  # another rank failed: back to the buckets all ranks have
+            raise
+        self._add_buckets(buckets)
+
+    def _reset(self):
+        self.remaining = [self.plan.passes] * len(self.params)
+        self.ready = [False] * len(self.params)
+        for bucket in self.buckets:
+            bucket.missing, bucket.job = len(bucket.members), None
+        self.next_launch = 0
+        self.dirty = False  # a hook fired since the last synchronize()
+
+    # ------------------------------------------------------------- backward
+    def on_grad(self, i):
+        """A gradient was accumulated into parameter ``i`` (runs inside backward)."""
+        with self.lock:
+            self.dirty = True
+            if self.ready[i]:
+                raise RuntimeError(
+                    f"the gradient of {self.plan.names[i]!r} was computed more than "
+                    f"backward_passes_per_step={self.plan.passes} times before step() or "
+                    "synchronize(); raise backward_passes_per_step to accumulate more "
+                    "backward passes locally")
+            self.remaining[i] -= 1
+            if self.remaining[i] > 0:
+                return
+            self._take(i)
+            self._launch_complete()
+
+    def _take(self, i):
+        """Copy parameter ``i``'s gradient (zeros if it has none) into its bucket."""
+        p, bucket = self.params[i], self.buckets[self.bucket_of[i]]
+        start = self.offset_of[i]
+        view = bucket.flat[start:start + p.numel()].view(p.shape)
+        with torch.no_grad():
+            if p.grad is None:
+                view.zero_()
+            else:
+                if p.grad.is_sparse:
+                    raise TypeError(f"parameter {self.plan.names[i]!r} got a sparse "
+                                    "gradient; DistributedOptimizer reduces dense gradients")
+                view.copy_(p.grad)
+        self.ready[i] = True
+        bucket.missing -= 1
+
+    def _launch_complete(self):
+        """Start complete buckets, in bucket order, up to the first incomplete one."""
+        while self.next_launch < len(self.buckets) and \
+                self.buckets[self.next_launch].missing == 0:
+            self._launch(self.buckets[self.next_launch])
+            self.next_launch += 1
+
+    def _launch(self, bucket):
+        bucket.job = Job(to_array(bucket.flat), bucket.key, bucket.codec, bucket.algorithm)
+        self.engine.submit(bucket.job)
+
+    # ----------------------------------------------------------- synchronize
+    def synchronize(self):
+        with self.lock:
+            anywhere = self._gradients_anywhere()
+            for b in range(self.next_launch, len(self.buckets)):
+                bucket = self.buckets[b]
+                if not any(anywhere[i] for i in bucket.members):
+                    continue  # no rank has a gradient for these: they keep .grad None
+                for i in bucket.members:
+                    if not self.ready[i]:
+                        self._take(i)
+                self._launch(bucket)
+            self.next_launch = len(self.buckets)
+            launched = [bucket for bucket in self.buckets if bucket.job is not None]
+            for bucket in launched:
+                self.engine.wait(bucket.job)
+            error = next((b.job.error for b in launched if b.job.error is not None), None)
+            if error is None:
+                self._write_back(launched, anywhere)
+            self._reset()
+        if error is not None:
+            raise error
+
+    def _gradients_anywhere(self):
+        """Per parameter: whether some rank has a gradient for it (collective, tiny).
+
+        As in PyTorch, a parameter that got no gradient (frozen, or unused in
+        this step) on every rank keeps ``.grad`` None, so the optimizer skips
+        it; one that got a gradient on some ranks gets zeros on the others
+        and the average everywhere, as in Horovod.
+        """
+        has = np.fromiter((self.ready[i] or p.grad is not None
+                           for i, p in enumerate(self.params)), dtype=np.uint8,
+                          count=len(self.params))
+        self.comm.Allreduce(MPI.IN_PLACE, has, op=MPI.MAX)
+        return has.astype(bool)
+
+    def _write_back(self, buckets, anywhere):
+        with torch.no_grad():
+            for bucket in buckets:
+                result = from_array(bucket.job.result, like=bucket.flat)
+                for i in bucket.members:
+                    if not anywhere[i]:
+                        continue
+                    p, start = self.params[i], self.offset_of[i]
+                    values = result[start:start + p.numel()].view(p.shape)
+                    if p.grad is None:
+                        p.grad = torch.empty_like(p)
+                    p.grad.copy_(values)
+
+    @property
+    def pending(self):
+        return self.dirty or any(bucket.job is not None for bucket in self.buckets)
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self):
+        return {"version": STATE_VERSION, "rank": self.rank, "size": self.size,
+                "buckets": self.layout_hash,
+                "communicator": to_torch_tree(self.engine.communicator.state_dict())}
+
+    def check_state(self, state):
+        """Validate a :meth:`state_dict`; return whether its residuals apply to this rank."""
+        try:
+            version, layout = state["version"], state["buckets"]
+            saved_rank, saved_size = state["rank"], state["size"]
+            codec = state["communicator"]["codec"]
+        except (KeyError, TypeError):
+            raise ValueError("the 'ccl' entry of the state dict is not a "
+                             "DistributedOptimizer state") from None
+        if version != STATE_VERSION:
+            raise ValueError(f"ccl state version {version} is not supported "
+                             f"(this is version {STATE_VERSION})")
+        if layout != self.layout_hash:
+            raise ValueError("the state was saved by a DistributedOptimizer with other "
+                             "buckets (other parameters, fusion_threshold_bytes or "
+                             "named_parameters)")
+        if codec != self.plan.codec.get_config():
+            raise ValueError(f"the state was saved with codec {codec!r}, this optimizer uses "
+                             f"{self.plan.codec.get_config()!r}")
+        if (saved_rank, saved_size) != (self.rank, self.size):
+            warnings.warn(f"error-feedback residuals saved by rank {saved_rank} of "
+                          f"{saved_size} are not loaded on rank {self.rank} of {self.size} "
+                          "(they are per rank): residuals start from zero. Save "
+                          "optimizer.state_dict() on every rank to keep them.", stacklevel=3)
+            return False
+        return True
+
+    def load_state_dict(self, state):
+        self.engine.communicator.load_state_dict(to_numpy_tree(state["communicator"]))
+
+    def reset_residuals(self):
+        self.engine.communicator.feedback.load_state_dict({})
+
+
+def _hook(ref, i):
+    reducer = ref()
+    if reducer is not None:
+        reducer.on_grad(i)
+
+
