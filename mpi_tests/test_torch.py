@@ -493,6 +493,35 @@ def test_broadcast_optimizer_state(comm, hvd):
             assert torch.equal(value, reference[index][name]), (index, name)
 
 
+def test_broadcast_optimizer_state_with_reductions_pending_raises_everywhere(comm, hvd):
+    """Reductions pending on every rank: every rank raises, none waits in the broadcast."""
+    model = Net()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    loss_of(model, comm.rank, 0).backward()
+    with pytest.raises(RuntimeError, match="being reduced"):
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+    opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)  # usable again
+    assert_same_on_all_ranks(comm, flat_params(model))
+
+
+def test_broadcast_optimizer_state_pending_on_the_root_only(comm, hvd):
+    """Only the root has reductions pending: it raises, the others raise MismatchError."""
+    model = Net()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    if comm.rank == 0:
+        loss_of(model, 0, 0).backward()
+    expected = RuntimeError if comm.rank == 0 or comm.size == 1 else ccl.MismatchError
+    with pytest.raises(expected):
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+    if comm.rank != 0:  # the others catch up, and the root's reductions complete
+        loss_of(model, comm.rank, 0).backward()
+    opt.step()
+    assert_same_on_all_ranks(comm, flat_params(model))
+
+
 def test_broadcast_and_allgather_object(comm, hvd):
     root = comm.size // 2
     obj = hvd.broadcast_object({"epoch": comm.rank, "tag": "x"}, root_rank=root)
