@@ -13,7 +13,9 @@ as its own process (MPI ones under the ``mpiexec`` next to this Python):
 6. THC's error per bits setting at 2-5 ranks, homomorphic against decode
    and re-encode at every relay (``ccl.bench accuracy --decode-reencode``);
 7. top-k selection time of SIDCo, DGC and topk against ``np.argpartition``,
-   on Laplace data and on real gradients (``ccl.bench selection``).
+   on Laplace data and on real gradients (``ccl.bench selection``);
+8. error feedback in steady state on real MLP, CNN and LM gradients
+   (``ccl.bench steady``; needs torch).
 
 Figures are ratios against ``MPI_Allreduce`` measured in the same run; the
 page records the exact command of every table.
@@ -121,6 +123,32 @@ def _size(nbytes):
         if nbytes < 1024 or unit == "GB":
             return f"{nbytes:.0f} {unit}"
         nbytes /= 1024
+
+
+def _steady_section(args, tmp, log):
+    """Error feedback in steady state on real MLP, CNN and LM gradients (``ccl.bench steady``)."""
+    py = sys.executable
+    steps = ["--steps", "20", "--zero-steps", "20"] if args.quick else []
+    rows, cmd = _run([py, "-m", "ccl.bench", "steady"] + steps,
+                     os.path.join(tmp, "steady.json"), log)
+    zero = rows[0]["zero_steps"] if rows else 0
+    return ("Error feedback in steady state", cmd,
+            "Real gradients of three models (an MLP and a CNN on scikit-learn's digits, a "
+            "word-level GRU language model with an embedding), every layer through "
+            "`Communicator(codec, algorithm=\"ring\", min_compress_bytes=0).allreduce(g, "
+            "key=layer)` at one rank; steady state is the second half of the gradient steps. "
+            "*density/target*: values delivered non-zero over the target count "
+            "`max(1, ceil(density*n))` summed over the layers; *bits/value*: payload bits per "
+            "input value (headers included), against the codec's stated `bits_per_value`; "
+            f"*error after zeros*: the running-sum error after {zero} zero steps.",
+            _table(rows, [("model", lambda r: r["model"]), ("codec", _config),
+                          ("density/target", lambda r: "-" if r["density_ratio"] is None
+                           else f"{r['density_ratio']:.2f}"),
+                          ("bits/value", lambda r: f"{r['bits_per_value']:.3f}"),
+                          ("stated", lambda r: f"{r['stated_bits_per_value']:.3f}"),
+                          ("error after gradients", lambda r: f"{r['err_grad']:.2e}"),
+                          ("error after zeros", lambda r: f"{r['err_zero']:.2e}")]),
+            None)
 
 
 def _config(r):
@@ -414,6 +442,7 @@ def build(args, log):
                                        ("running error", lambda r: f"{r['running_error']:.2e}")]),
                          None))
     if have_torch:
+        sections.append(_steady_section(args, tmp, log))
         sections.append(_torch_section(args, tmp, log, img_dir))
     sections.append(_thc_section(args, tmp, log))
     sections.extend(_selection_sections(args, tmp, log, have_torch))

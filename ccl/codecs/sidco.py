@@ -201,12 +201,11 @@ class SIDCoCodec(SparseCodec):
         thr = self._fit(x, k, stages)
         if thr is None:  # constant or all-zero magnitudes
             return top_k(x, k)
-        count = count_above(x, threshold_for(x, thr))
-        if self.adaptive:
-            self._record(ctx, count / k)
-        if count < _FALLBACK_LOW * k:
-            return self._fallback(x, k, thr)
         idx = select_above(x, thr)
+        if self.adaptive:
+            self._record(ctx, idx.size / k)
+        if idx.size < _FALLBACK_LOW * k:
+            return self._fallback(x, k, thr)
         if idx.size > math.ceil(4 * k / 3):
             idx = top_k_of(x, idx, k)
         return idx
