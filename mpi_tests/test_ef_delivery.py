@@ -19,6 +19,9 @@ through every algorithm, then zero inputs, and the *running-sum error*
   magnitude are overshot by ``+-mean`` at every step and keep changing sign
   (``docs/error-feedback.md``).
 
+Densities are high (a quarter, a third) so that the whole file runs in
+seconds at every rank count; the bounds scale with ``1/density``.
+
 Combinations whose residual grows are refused on every rank before any
 message moves: ``randomk`` with ``scale=True`` and ``dithering`` with
 ``norm="l2"`` in keyed (error feedback) calls.
@@ -40,21 +43,21 @@ from conftest import assert_same_on_all_ranks
 pytestmark = pytest.mark.mpi
 
 ALGORITHMS = ["ring", "tree", "direct", "allgather"]
-GRADIENT_STEPS = 6
+GRADIENT_STEPS = 4
 DELIVERED = 0.01  # the running-sum error that counts as delivered
 
 # codec -> zero steps within which the running-sum error falls below 1%
 DELIVERING = {
-    "topk": ({"id": "topk", "density": 0.2}, math.ceil(3 / 0.2)),
-    "sidco": ({"id": "sidco", "density": 0.2}, math.ceil(3 / 0.2)),
-    "dgc": ({"id": "dgc", "density": 0.2}, math.ceil(3 / 0.2)),
-    "randomk": ({"id": "randomk", "density": 0.25}, math.ceil(10 / 0.25)),
+    "topk": ({"id": "topk", "density": 0.25}, math.ceil(3 / 0.25)),
+    "sidco": ({"id": "sidco", "density": 0.25}, math.ceil(3 / 0.25)),
+    "dgc": ({"id": "dgc", "density": 0.25}, math.ceil(3 / 0.25)),
+    "randomk": ({"id": "randomk", "density": 0.34}, math.ceil(10 / 0.34)),
     "3lc": ({"id": "3lc"}, 20),
     "dithering": ({"id": "dithering", "levels": 7}, 20),
     "thc": ({"id": "thc"}, 20),
 }
 # codec -> (config, zero steps at which the error is checked to shrink)
-PROGRESSING = {"onebit": ({"id": "onebit"}, (0, 5, 10, 20))}
+PROGRESSING = {"onebit": ({"id": "onebit"}, (0, 4, 8, 16))}
 
 
 def _gradient(rank, step, n):
