@@ -34,7 +34,10 @@ COPY = "copy"
 
 def selection_specs(density):
     """The codec configurations compared at ``density``: SIDCo (3 laws x 1-2 stages), DGC, topk."""
-    specs = [{"id": "sidco", "density": density, "dist": dist, "stages": stages}
+    # fixed stage counts (adaptive=False): the timed calls repeat one input, and an
+    # adapting codec would change its M between the rounds
+    specs = [{"id": "sidco", "density": density, "dist": dist, "stages": stages,
+              "adaptive": False}
              for dist in ("exp", "gpareto", "gamma") for stages in (1, 2)]
     return specs + [{"id": "dgc", "density": density}, {"id": "topk", "density": density}]
 
