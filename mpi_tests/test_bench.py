@@ -14,7 +14,7 @@ import pytest
 from mpi4py import MPI
 
 import ccl
-from ccl.bench import accuracy, gradients, selection
+from ccl.bench import accuracy, gradients, selection, steady
 from ccl.bench import codecs as bench_codecs
 from ccl.codecs import get_codec, registered_codecs
 from conftest import assert_same_on_all_ranks, rank_input
@@ -98,6 +98,22 @@ def test_selection_on_gradients_reports_steady_state_density(tmp_path):
     topk = next(r for r in steady if r["method"] == "topk")
     # per layer max(1, ceil(0.01 n)): at least the target, a little more for the tiny biases
     assert 0.01 <= topk["kept_fraction"] < 0.02
+
+
+@serial
+def test_steady_rows_on_real_gradients(tmp_path):
+    _needs_torch()
+    rows = _rows(steady.main, ["--models", "cnn", "--steps", "6", "--zero-steps", "30",
+                               "--codecs", '{"id": "topk", "density": 0.05}', "onebit"],
+                 tmp_path)
+    assert [(r["model"], r["codec"]) for r in rows] == [("cnn", "topk"), ("cnn", "onebit")]
+    topk, onebit = rows
+    assert topk["density_ratio"] == 1.0  # exactly k per layer: every layer has k nonzeros
+    assert onebit["density_ratio"] is None
+    for r in rows:
+        assert 0 < r["bits_per_value"] < 32 and r["steps"] == 6 and r["zero_steps"] == 30
+    # 30 zero steps at 5% deliver what top-k held after 6 gradient steps
+    assert topk["err_grad"] > 0.1 and topk["err_zero"] < 1e-3
 
 
 @serial

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 import ccl
 from ccl.codecs import HEADER_SIZE, CodecContext, Header, get_codec
-from ccl.codecs import sparse
+from ccl.codecs import sidco, sparse
 from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
     check_roundtrip
 
@@ -51,7 +51,7 @@ def test_ids_and_defaults():
     assert (get_codec("sidco").wire_id, get_codec("topk").wire_id, get_codec("dgc").wire_id) \
         == (6, 7, 8)
     assert get_codec("sidco").get_config() == {"id": "sidco", "density": 0.01, "dist": "exp",
-                                               "stages": 1, "adaptive": False}
+                                               "stages": 1, "adaptive": True}
     assert get_codec("topk").get_config() == {"id": "topk", "density": 0.01, "k": None}
     assert get_codec("topk", k=3).get_config() == {"id": "topk", "density": None, "k": 3}
     assert get_codec("dgc").get_config() == {"id": "dgc", "density": 0.01, "sample_ratio": 0.01,
@@ -179,7 +179,7 @@ def test_topk_skips_exact_zeros():
 def test_k_zero_only_for_empty_chunks():
     with pytest.raises(ValueError, match="k must be"):
         get_codec("topk", k=0)
-    assert sparse._k_for(0.5, 0) == 0 and sparse._k_for(1e-6, 10) == 1
+    assert sparse.target_count(0.5, 0) == 0 and sparse.target_count(1e-6, 10) == 1
 
 
 # ------------------------------------------------------------------- SIDCo
@@ -217,28 +217,28 @@ def test_sidco_thresholds_match_scipy_quantiles(dist, law):
 
 def test_threshold_closed_forms():
     # the spec's check value: exponential with mean 1e-3 at delta = 0.01
-    assert sparse.exp_threshold(1e-3, 0.01) == pytest.approx(4.605e-3, rel=1e-3)
+    assert sidco.exp_threshold(1e-3, 0.01) == pytest.approx(4.605e-3, rel=1e-3)
     # generalized Pareto with xi -> 0 is the exponential (mean**2 == var)
-    assert sparse.gpareto_threshold(2.0, 4.0, 0.01) == pytest.approx(2 * math.log(100))
-    assert sparse.gpareto_threshold(2.0, 4.0 * (1 + 1e-9), 0.01) == pytest.approx(
+    assert sidco.gpareto_threshold(2.0, 4.0, 0.01) == pytest.approx(2 * math.log(100))
+    assert sidco.gpareto_threshold(2.0, 4.0 * (1 + 1e-9), 0.01) == pytest.approx(
         2 * math.log(100), rel=1e-6)
-    assert sparse.gpareto_threshold(1.0, 0.0, 0.01) is None
+    assert sidco.gpareto_threshold(1.0, 0.0, 0.01) is None
     # bounded support (mean**2/var > 1, xi < 0): the uniform on [0, 1] has mean 1/2, var 1/12
-    assert sparse.gpareto_threshold(0.5, 1 / 12, 0.01) == pytest.approx(0.99)
+    assert sidco.gpareto_threshold(0.5, 1 / 12, 0.01) == pytest.approx(0.99)
     # gamma with alpha = 1 is the exponential: s = ln(mean) - E ln a = Euler's gamma
-    assert sparse.gamma_threshold(1.0, -0.5772156649, 0.01) == pytest.approx(math.log(100),
+    assert sidco.gamma_threshold(1.0, -0.5772156649, 0.01) == pytest.approx(math.log(100),
                                                                              rel=0.02)
-    assert sparse.gamma_threshold(1.0, 0.0, 0.01) is None
+    assert sidco.gamma_threshold(1.0, 0.0, 0.01) is None
 
 
 @pytest.mark.parametrize("alpha, density", [(0.4, 0.001), (0.4, 0.01), (1.0, 0.01), (2.0, 0.001)])
 def test_gamma_closed_form_without_scipy(monkeypatch, alpha, density):
     law = stats.gamma(alpha, scale=1.0)
     mean, mean_log = law.mean(), law.expect(np.log)
-    exact = sparse.gamma_threshold(mean, mean_log, density)
+    exact = sidco.gamma_threshold(mean, mean_log, density)
     assert exact == pytest.approx(law.ppf(1 - density), rel=0.05)  # approximate MLE of alpha
     monkeypatch.setitem(sys.modules, "scipy.special", None)  # importing it now fails
-    closed = sparse.gamma_threshold(mean, mean_log, density)
+    closed = sidco.gamma_threshold(mean, mean_log, density)
     assert closed != exact and closed == pytest.approx(exact, rel=0.05)
 
 

@@ -43,7 +43,7 @@ DOCTEST_MODULES = [
     "ccl.codecs.base", "ccl.codecs.configurable", "ccl.codecs.framing", "ccl.codecs.header",
     "ccl.codecs.context", "ccl.codecs.registry",
     "ccl.codecs.casts", "ccl.codecs.threelc", "ccl.codecs.thc",
-    "ccl.codecs.sparse", "ccl.codecs.randomk", "ccl.codecs.onebit", "ccl.codecs.dithering",
+    "ccl.codecs.sparse", "ccl.codecs.sidco", "ccl.codecs.randomk", "ccl.codecs.onebit", "ccl.codecs.dithering",
     "ccl.collectives.auto",
 ] + TORCH_MODULES
 

@@ -28,17 +28,13 @@ CODECS = "ccl.codecs"
 # Private reaches outside the codec families that other work in progress removes:
 # (module, the module it reaches into, name). Delete an entry once its reach is gone
 # (test_known_exceptions_still_occur says when).
-KNOWN_PRIVATE_REACHES = {
-    ("ccl.bench.selection", "ccl.codecs.sparse", "_k_for"),  # sparse's target count
-}
+KNOWN_PRIVATE_REACHES = set()
 
 MAX_MODULE_LINES = 500
 # Modules allowed to be longer, each with the reason. Delete an entry once its module is
 # short enough (test_long_modules_are_still_long says when). Generated tables, should one
 # outgrow the limit, belong here too, not split by hand.
-LONG_MODULES = {
-    "ccl.codecs.sparse": "being split in parallel work",
-}
+LONG_MODULES = {}
 
 
 def _module_paths():

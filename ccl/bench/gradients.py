@@ -36,27 +36,99 @@ DEFAULT_CODECS = [
 ]
 
 
-def collect_gradients(steps=200, hidden=256, batch=64, lr=0.05, seed=0):
-    """Train an MLP on digits; return a list (per step) of lists (per layer) of float32 grads."""
+MODELS = ("mlp", "cnn", "lm")
+
+
+def _digits():
     import torch
     from sklearn.datasets import load_digits
 
-    torch.manual_seed(seed)
     data = load_digits()
-    x = torch.tensor(data.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(data.target, dtype=torch.long)
-    model = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(hidden, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    return (torch.tensor(data.data / 16.0, dtype=torch.float32),
+            torch.tensor(data.target, dtype=torch.long))
+
+
+def _text_tokens(vocab=2000):
+    """Word ids of the docstrings of Python's standard library (bundled, so no download)."""
+    import collections
+    import pydoc
+    import re
+
+    words = []
+    for name in ("argparse", "collections", "email.message", "json", "logging", "pathlib",
+                 "random", "string", "textwrap", "threading", "typing", "unittest"):
+        module = pydoc.locate(name)
+        for obj in [module] + [getattr(module, a, None) for a in sorted(dir(module))]:
+            doc = getattr(obj, "__doc__", None)
+            if isinstance(doc, str):
+                words += re.findall(r"[a-z]+|[.,;:()]", doc.lower())
+    common = [w for w, _ in collections.Counter(words).most_common(vocab - 1)]
+    ids = {w: i + 1 for i, w in enumerate(common)}  # 0: every rarer word
+    return [ids.get(w, 0) for w in words], vocab
+
+
+def _model(kind, hidden):
+    """``(model, batch function)`` of one kind: digits MLP or CNN, or a word-level LM."""
+    import torch
+
+    nn = torch.nn
+    if kind == "lm":
+        tokens, vocab = _text_tokens()
+        tokens = torch.tensor(tokens, dtype=torch.long)
+
+        class LM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(vocab, 64)
+                self.rnn = nn.GRU(64, hidden, batch_first=True)
+                self.out = nn.Linear(hidden, vocab)
+
+            def forward(self, ids):
+                return self.out(self.rnn(self.embed(ids))[0]).reshape(-1, vocab)
+
+        def batch(gen, size, length=32):
+            start = torch.randint(0, tokens.numel() - length - 1, (size // 4,), generator=gen)
+            rows = torch.stack([tokens[s:s + length + 1] for s in start.tolist()])
+            return rows[:, :-1], rows[:, 1:].reshape(-1)
+        return LM(), batch
+    x, y = _digits()
+    if kind == "cnn":
+        x = x.reshape(-1, 1, 8, 8)
+        model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+                              nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Flatten(), nn.Linear(32 * 16, 10))
+    elif kind == "mlp":
+        model = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                              nn.ReLU(), nn.Linear(hidden, 10))
+    else:
+        raise ValueError(f"model must be one of {MODELS}, got {kind!r}")
+
+    def batch(gen, size):
+        idx = torch.randint(0, x.shape[0], (size,), generator=gen)
+        return x[idx], y[idx]
+    return model, batch
+
+
+def collect_gradients(steps=200, hidden=256, batch=64, lr=0.05, seed=0, model="mlp"):
+    """Train a model with SGD; return a list (per step) of lists (per layer) of float32 grads.
+
+    ``model``: ``"mlp"`` (digits, three linear layers), ``"cnn"`` (digits, two
+    convolutions and a linear layer) or ``"lm"`` (a word-level GRU language
+    model with an embedding on the standard library's docstrings).
+    """
+    import torch
+
+    torch.manual_seed(seed)
+    net, next_batch = _model(model, hidden)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
     gen = torch.Generator().manual_seed(seed)
     grads = []
     for _ in range(steps):
-        idx = torch.randint(0, x.shape[0], (batch,), generator=gen)
+        inputs, target = next_batch(gen, batch)
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+        torch.nn.functional.cross_entropy(net(inputs), target).backward()
         grads.append([p.grad.detach().numpy().astype(np.float32).ravel().copy()
-                      for p in model.parameters()])
+                      for p in net.parameters()])
         opt.step()
     return grads
 

@@ -13,7 +13,8 @@ from .casts import BF16Codec, FP16Codec, NoneCodec
 from .dithering import DitheringCodec
 from .onebit import OneBitCodec
 from .randomk import RandomKCodec
-from .sparse import DGCCodec, SIDCoCodec, TopKCodec
+from .sidco import SIDCoCodec
+from .sparse import DGCCodec, TopKCodec
 from .thc import THCCodec
 from .threelc import ThreeLCCodec
 

@@ -123,6 +123,20 @@ class Codec(Configurable, PayloadFraming):
     shared_statistics = False
     identity = False
 
+    def check_error_feedback(self):
+        """Refuse a configuration whose residual would grow under error feedback.
+
+        The collectives call it on every rank before any message moves, for
+        calls with ``key=`` (the ones that keep residuals), so a refusal is
+        raised on every rank alike. The default accepts every configuration.
+
+        Raises
+        ------
+        ValueError
+            If this configuration diverges with error feedback; the message
+            says what to use instead.
+        """
+
     # ------------------------------------------------------------ public API
     def encode(self, x, ctx=None):
         """Encode a float array into a self-describing uint8 payload.

@@ -248,6 +248,25 @@ class DitheringCodec(Codec):
         self.norm = str(norm)
         self.seed = int(seed)
 
+    def check_error_feedback(self):
+        """Refuse ``norm="l2"`` with error feedback: its residual need not shrink.
+
+        Raises
+        ------
+        ValueError
+            If ``norm`` is ``"l2"``. The rounding error of an element is up to
+            one level step, ``||p||_2 / s``, so the residual's norm can reach
+            ``sqrt(n) / s`` times the input's: with fewer levels than
+            ``sqrt(n)`` the residual grows step after step.
+        """
+        if self.norm == "l2":
+            raise ValueError(
+                "dithering: norm='l2' with error feedback (a call with key=) can diverge: "
+                "each value may be rounded by ||x||_2/levels, so the residual outgrows the "
+                "input when levels < sqrt(n). Use norm='max' (its residual stays below "
+                "max|x|/levels per value) with key=, or norm='l2' without key= (unbiased, "
+                "no residual)")
+
     @property
     def code_dtype(self):
         """int8 when ``levels <= 127``, else int16."""

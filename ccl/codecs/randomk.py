@@ -217,6 +217,22 @@ class RandomKCodec(Codec):
         self.seed = int(seed)
         self.scale = None if scale is None else bool(scale)
 
+    def check_error_feedback(self):
+        """Refuse ``scale=True`` with error feedback: scaled values overshoot the residual.
+
+        Raises
+        ------
+        ValueError
+            If ``scale`` is True: each sent value is multiplied by ``d/k``
+            and the residual ``p - decode(c)`` then holds ``-(d/k - 1)`` times
+            it, which grows without bound.
+        """
+        if self.scale:
+            raise ValueError(
+                "randomk: scale=True with error feedback (a call with key=) diverges: the "
+                "residual takes back the d/k scaling at every step. Use scale=False (the "
+                "default) with key=, or scale=True without key= (unbiased, no residual)")
+
     def count(self, d):
         """Number of values sent for a chunk of ``d`` elements.
 

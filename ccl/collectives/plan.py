@@ -223,6 +223,11 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
         Per-call options (None keeps the default).
     """
     request = Request(collective, x, options, overrides)
+    if key is not None and request.error is None and request.codec.error_feedback:
+        try:  # the codec config is agreed, so every rank refuses alike (after the agreement)
+            request.codec.check_error_feedback()
+        except ValueError as exc:
+            request.error = exc
     tag = channel.begin(f"{collective}(key={key!r})", request.timeout)
     completed = False
     try:

@@ -13,13 +13,15 @@ as its own process (MPI ones under the ``mpiexec`` next to this Python):
 6. THC's error per bits setting at 2-5 ranks, homomorphic against decode
    and re-encode at every relay (``ccl.bench accuracy --decode-reencode``);
 7. top-k selection time of SIDCo, DGC and topk against ``np.argpartition``,
-   on Laplace data and on real gradients (``ccl.bench selection``).
+   on Laplace data and on real gradients (``ccl.bench selection``);
+8. error feedback in steady state on real MLP, CNN and LM gradients
+   (``ccl.bench steady``; needs torch).
 
 Figures are ratios against ``MPI_Allreduce`` measured in the same run; the
 page records the exact command of every table.
 
 Each family of sections has its own module (``speed``, ``network``,
-``accuracy``, ``training``, ``selection``), and each section is a function
+``accuracy``, ``training``, ``selection``, ``steady``), and each section is a function
 ``*_section(args, tmp, log[, img_dir])``: ``args`` are the report's
 arguments, ``tmp`` a folder for the benchmarks' rows, ``log`` a file that
 receives the commands and their output, ``img_dir`` where plots go. A
@@ -45,6 +47,7 @@ from .page import NETWORK_NOTE, machine, merge_network, render
 from .runs import HERE, MPIEXEC
 from .selection import SELECTION_TEXT, selection_sections
 from .speed import ALLREDUCE_COLUMNS, codecs_section, shared_memory_section
+from .steady import steady_section
 from .training import torch_section
 
 __all__ = ["ALLREDUCE_COLUMNS", "AUTO_FLOOR", "AUTO_RATES", "BOUND_FACTOR", "BOUND_TARGETS",
@@ -87,6 +90,7 @@ def build(args, log):
         have_torch = False
     if have_torch:
         sections.append(gradients_section(args, tmp, log))
+        sections.append(steady_section(args, tmp, log))
         sections.append(torch_section(args, tmp, log, img_dir))
     sections.append(thc_section(args, tmp, log))
     sections.extend(selection_sections(args, tmp, log, have_torch))
