@@ -234,15 +234,17 @@ class _Plan:
 class _Job:
     """One bucket's reduction: input, options, and the result or error once done."""
 
-    __slots__ = ("x", "key", "codec", "algorithm", "result", "error", "done")
+    __slots__ = ("x", "key", "codec", "algorithm", "lr", "result", "error", "done")
 
-    def __init__(self, x, key, codec, algorithm):
-        self.x, self.key, self.codec, self.algorithm = x, key, codec, algorithm
+    def __init__(self, x, key, codec, algorithm, lr=None):
+        self.x, self.key, self.codec, self.algorithm, self.lr = x, key, codec, algorithm, lr
         self.result = self.error = None
         self.done = threading.Event()
 
     def run(self, communicator):
         try:
+            if self.lr is not None:  # lr-corrected error feedback, on the thread that reduces
+                communicator.set_lr(self.lr)
             self.result = communicator.allreduce(self.x, key=self.key, codec=self.codec,
                                                  algorithm=self.algorithm)
         except BaseException as exc:  # handed to the thread that waits for the job
@@ -270,7 +272,7 @@ class _Engine:
         # The plan already sends small buckets uncompressed; large ones are reduced in
         # partitions with their own residuals (the Communicator's partition_bytes).
         self.communicator = Communicator(self.comm, plan.codec, plan.algorithm, op=plan.op,
-                                         min_compress_bytes=0)
+                                         min_compress_bytes=0, lr_corrected=plan.lr_corrected)
         self.reductions = 0
         self.closed = False
         self._jobs = queue.SimpleQueue()
@@ -429,8 +431,19 @@ class _Reducer:
             self.next_launch += 1
 
     def _launch(self, bucket):
-        bucket.job = _Job(to_array(bucket.flat), bucket.key, bucket.codec, bucket.algorithm)
+        bucket.job = _Job(to_array(bucket.flat), bucket.key, bucket.codec, bucket.algorithm,
+                          self.lr_of(bucket))
         self.engine.submit(bucket.job)
+
+    def lr_of(self, bucket):
+        """The lr of the group of the bucket's first parameter (lr-corrected EF), or None."""
+        optimizer = self.optimizer() if self.plan.lr_corrected else None
+        if optimizer is None or bucket.key is None:
+            return None
+        first = self.params[bucket.members[0]]
+        lr = next(float(g["lr"]) for g in optimizer.param_groups
+                  if any(q is first for q in g["params"]))
+        return lr if 0 <= lr < float("inf") else None
 
     # ----------------------------------------------------------- synchronize
     def synchronize(self):
@@ -700,7 +713,7 @@ def _subclass(base):
 def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm="auto",
                          backward_passes_per_step=1, op="mean",
                          fusion_threshold_bytes=DEFAULT_FUSION_THRESHOLD_BYTES,
-                         min_compress_bytes=MIN_COMPRESS_BYTES):
+                         min_compress_bytes=MIN_COMPRESS_BYTES, lr_corrected=False):
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks (collective).
 
     Parameters
@@ -736,6 +749,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
         Buckets smaller than this (default 65536, ``ccl.collectives.auto``'s
         threshold) are sent uncompressed: for them latency, not bandwidth,
         costs.
+    lr_corrected : bool
+        Learning-rate-corrected error feedback: a bucket's residuals are
+        scaled by eta(t-1)/eta(t) when the ``lr`` of its first parameter's
+        group changes (see :meth:`ccl.Communicator.set_lr`).
 
     Returns
     -------
@@ -770,12 +787,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
     try:
         plan = _Plan(optimizer, named_parameters, codec, algorithm, backward_passes_per_step,
                      op, fusion_threshold_bytes, min_compress_bytes)
+        if not isinstance(lr_corrected, bool):
+            raise TypeError(f"lr_corrected must be True or False, got {lr_corrected!r}")
+        plan.lr_corrected = lr_corrected
     except (TypeError, ValueError) as exc:
         error = exc
     agree(runtime.comm, "DistributedOptimizer",
-          [("arguments", plan.signature() if plan else None)], error)
+          [("arguments", plan.signature() if plan else None), ("lr_corrected", lr_corrected)],
+          error)
     cls = _subclass(type(optimizer))
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._ccl = _Reducer(runtime, plan)
+    wrapped._ccl.optimizer = weakref.ref(wrapped)  # where lr-corrected EF reads the lr
     return wrapped
