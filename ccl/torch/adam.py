@@ -24,8 +24,14 @@ The update of both phases is AdamW's, with decoupled weight decay::
 
 where ``t`` is the step and ``s = min(t, warmup_steps)``: the bias
 correction of the frozen variance stays the one of the step it was frozen
-at. Parameters smaller than ``min_compress_bytes`` are averaged uncompressed
-in both phases (fused into one ``Allreduce`` per dtype).
+at. Coordinates whose frozen variance is zero (they got no gradient in the
+whole warm-up, e.g. embedding rows of tokens not seen yet) keep a zero
+momentum: without a variance estimate their step would be ``m / eps``. Parameters smaller than ``min_compress_bytes`` are averaged uncompressed
+in both phases (fused into one ``Allreduce`` per dtype). The compressed
+momenta are fused too, as 1-bit Adam does, into buckets of consecutive
+parameters of one group and dtype of at most ``fusion_threshold_bytes``,
+one keyed allreduce each: fewer collectives, at the price of codec scales
+shared by neighbouring layers (error feedback makes up the difference).
 """
 
 import warnings
@@ -151,6 +157,9 @@ class CompressedAdam(torch.optim.Optimizer):
     min_compress_bytes : int
         Parameters smaller than this are averaged uncompressed (default
         65536): their payload is latency, not bandwidth.
+    fusion_threshold_bytes : int
+        Compressed momenta are reduced in buckets of at most this many
+        bytes (default 64 MiB; 0: one allreduce per parameter).
 
     Raises
     ------
@@ -184,7 +193,8 @@ class CompressedAdam(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
                  named_parameters=None, codec="onebit", algorithm="auto", warmup_steps=100,
-                 lr_corrected=False, min_compress_bytes=MIN_COMPRESS_BYTES):
+                 lr_corrected=False, min_compress_bytes=MIN_COMPRESS_BYTES,
+                 fusion_threshold_bytes=64 * 1024 * 1024):
         runtime = current()
         error, signature = None, None
         try:
@@ -192,7 +202,7 @@ class CompressedAdam(torch.optim.Optimizer):
             _check_group(defaults)
             super().__init__(params, defaults)
             signature = self._plan(named_parameters, codec, algorithm, warmup_steps,
-                                   lr_corrected, min_compress_bytes)
+                                   lr_corrected, min_compress_bytes, fusion_threshold_bytes)
         except (TypeError, ValueError) as exc:
             error = exc
         agree(runtime.comm, "CompressedAdam", [("arguments", signature)], error)
@@ -202,7 +212,7 @@ class CompressedAdam(torch.optim.Optimizer):
         self.steps = self.reductions = 0
 
     def _plan(self, named_parameters, codec, algorithm, warmup_steps, lr_corrected,
-              min_compress_bytes):
+              min_compress_bytes, fusion_threshold_bytes):
         """Validate the options and fix the parameters' order; return the signature."""
         for group in self.param_groups:
             _check_group(group)
@@ -210,7 +220,8 @@ class CompressedAdam(torch.optim.Optimizer):
             raise ValueError(f"algorithm must be one of {', '.join(ALGORITHM_NAMES)}; "
                              f"got {algorithm!r}")
         for name, value, low in (("warmup_steps", warmup_steps, 1),
-                                 ("min_compress_bytes", min_compress_bytes, 0)):
+                                 ("min_compress_bytes", min_compress_bytes, 0),
+                                 ("fusion_threshold_bytes", fusion_threshold_bytes, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if not isinstance(lr_corrected, bool):
@@ -232,28 +243,47 @@ class CompressedAdam(torch.optim.Optimizer):
                                 f"(parameter {name!r}): use float32 parameters or another "
                                 "codec")
             self.compressed.append(big and not self.codec.identity)
+        self.buckets = self._fuse(fusion_threshold_bytes)
         layout = [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(self.names, self.params)]
-        self.layout_hash = zlib.crc32(repr(layout).encode("utf-8"))
+        self.layout_hash = zlib.crc32(repr((layout, self.buckets)).encode("utf-8"))
         groups = [(repr(g["lr"]), tuple(g["betas"]), g["eps"], g["weight_decay"])
                   for g in self.param_groups]
         return (layout, groups, self.codec.get_config(), algorithm, warmup_steps,
-                lr_corrected, min_compress_bytes)
+                lr_corrected, min_compress_bytes, self.buckets)
+
+    def _fuse(self, threshold):
+        """Buckets of compressed parameters: consecutive, one group and dtype, <= threshold."""
+        group_index = {p: g for g, group in enumerate(self.param_groups)
+                       for p in group["params"]}
+        buckets, kind, nbytes = [], None, 0
+        for i, p in enumerate(self.params):
+            if not self.compressed[i]:
+                continue
+            size = p.numel() * p.element_size()
+            if not buckets or kind != (group_index[p], p.dtype) or nbytes + size > threshold:
+                buckets.append([])
+                kind, nbytes = (group_index[p], p.dtype), 0
+            buckets[-1].append(i)
+            nbytes += size
+        return buckets
 
     # ----------------------------------------------------------------- the step
     def _exact_mean(self, tensors):
         """Average ``tensors`` over the ranks in place, uncompressed, one Allreduce per dtype."""
         for dtype in _DTYPES:
             group = [t for t in tensors if t.dtype == dtype]
-            if not group:
-                continue
-            flat = torch.cat([t.reshape(-1) for t in group])
-            mean = from_array(self.communicator.allreduce(to_array(flat), codec="none",
-                                                          algorithm="mpi"), like=flat)
-            offset = 0
-            for t in group:
-                t.copy_(mean[offset:offset + t.numel()].view(t.shape))
-                offset += t.numel()
-            self.reductions += 1
+            if group:
+                self._average(group, codec="none", algorithm="mpi")
+
+    def _average(self, tensors, **call):
+        """Replace ``tensors`` (one dtype) by their mean over the ranks: one allreduce."""
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        mean = from_array(self.communicator.allreduce(to_array(flat), **call), like=flat)
+        offset = 0
+        for t in tensors:
+            t.copy_(mean[offset:offset + t.numel()].view(t.shape))
+            offset += t.numel()
+        self.reductions += 1
 
     def _moments(self):
         """Each parameter's (gradient, momentum, variance), state created on first use."""
@@ -302,19 +332,16 @@ class CompressedAdam(torch.optim.Optimizer):
                 m.lerp_(g, 1 - beta1)
                 v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         else:
-            small = []
-            for (g, m, _), p, name, compress in zip(moments, self.params, self.names,
-                                                    self.compressed):
-                group = group_of[p]
-                m.lerp_(g, 1 - group["betas"][0])  # the local momentum
-                if not compress:
-                    small.append(m)
-                    continue
-                self.communicator.set_lr(float(group["lr"]))
-                m.copy_(from_array(self.communicator.allreduce(to_array(m), key=name),
-                                   like=m).view(m.shape))
-                self.reductions += 1
-            self._exact_mean(small)
+            for (g, m, _), p in zip(moments, self.params):
+                m.lerp_(g, 1 - group_of[p]["betas"][0])  # the local momentum
+            for bucket in self.buckets:
+                self.communicator.set_lr(float(group_of[self.params[bucket[0]]]["lr"]))
+                self._average([moments[i][1] for i in bucket], key=self.names[bucket[0]])
+            self._exact_mean([m for (_, m, _), c in zip(moments, self.compressed) if not c])
+            for _, m, v in moments:
+                # No variance estimate (no gradient in the whole warm-up): m / eps would be
+                # a huge step, and a codec's scale makes such coordinates' momenta nonzero.
+                m.masked_fill_(v == 0, 0)
         frozen = min(t, self.warmup_steps)
         for (_, m, v), p in zip(moments, self.params):
             group = group_of[p]
@@ -404,10 +431,11 @@ class CompressedAdam(torch.optim.Optimizer):
         dict
             ``step``, ``warmup`` (whether the next step is a warm-up step),
             ``params`` and ``compressed_params`` (parameters whose momentum is
-            compressed), ``reductions`` (allreduces started) and ``bytes_sent``
+            compressed), ``buckets`` (their allreduces per step), ``reductions`` (allreduces started) and ``bytes_sent``
             (payload bytes this rank put on the wire, ccl's own count).
         """
         return {"step": self.steps, "warmup": self.steps < self.warmup_steps,
                 "params": len(self.params), "compressed_params": sum(self.compressed),
+                "buckets": len(self.buckets),
                 "reductions": self.reductions,
                 "bytes_sent": self.communicator.stats()["bytes_sent"]}
