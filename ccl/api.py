@@ -247,7 +247,7 @@ class Communicator:
     lr_corrected : bool
         Learning-rate-corrected error feedback: after :meth:`set_lr` changes
         the rate from eta(t-1) to eta(t), each key's residuals are scaled by
-        eta(t-1)/eta(t) at its next call (see :mod:`ccl.feedback`).
+        eta(t-1)/eta(t) at its next call (see ``ccl.feedback``).
 
     Examples
     --------

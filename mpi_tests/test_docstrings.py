@@ -36,7 +36,8 @@ ALWAYS = {
 # functions and classes (not every method) also show an example
 WITH_EXAMPLE = ALWAYS | {"EX01"}
 
-TORCH_MODULES = ["ccl.torch.runtime", "ccl.torch.functions", "ccl.torch.optimizer"]
+TORCH_MODULES = ["ccl.torch.runtime", "ccl.torch.functions", "ccl.torch.optimizer",
+                 "ccl.torch.adam"]
 DOCTEST_MODULES = [
     "ccl", "ccl.api", "ccl.errors", "ccl.feedback", "ccl.launch",
     "ccl.codecs.base", "ccl.codecs.header", "ccl.codecs.context", "ccl.codecs.registry",
