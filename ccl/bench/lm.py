@@ -235,7 +235,9 @@ def run_ccl(comm, methods, specs, data, args):
                                         named_parameters=named, codec=codec,
                                         algorithm=fitting(codec), warmup_steps=args.warmup,
                                         lr_corrected=args.lr_corrected,
-                                        min_compress_bytes=args.min_compress_bytes)
+                                        min_compress_bytes=args.min_compress_bytes,
+                                        **({} if args.fusion_bytes is None else
+                                           {"fusion_threshold_bytes": args.fusion_bytes}))
             else:
                 extra = {} if codec is None else dict(
                     codec=codec, algorithm=fitting(codec), lr_corrected=args.lr_corrected,
@@ -316,6 +318,7 @@ def plot(rows, path, title):
     axes[2].barh([r["method"] for r in counted],
                  [r["bytes_per_step_after_warmup"] / 1e3 for r in counted])
     axes[2].set_xscale("log")
+    axes[2].xaxis.set_minor_formatter(plt.NullFormatter())
     axes[2].set_xlabel("KB sent per step by rank 0 after warm-up (log)")
     axes[2].invert_yaxis()
     fig.suptitle(title)
@@ -346,6 +349,9 @@ def main(argv=None):
                         help="learning-rate-corrected error feedback in do/ and cadam/")
     parser.add_argument("--min-compress-bytes", type=int, default=16384,
                         help="parameters (buckets) below this go uncompressed")
+    parser.add_argument("--fusion-bytes", type=int, default=None,
+                        help="fusion_threshold_bytes of CompressedAdam (0: an allreduce per "
+                             "parameter; default: its default)")
     parser.add_argument("--powersgd-rank", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the rows (with their curves) here")
