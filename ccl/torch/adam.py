@@ -26,7 +26,8 @@ where ``t`` is the step and ``s = min(t, warmup_steps)``: the bias
 correction of the frozen variance stays the one of the step it was frozen
 at. Coordinates whose frozen variance is zero (they got no gradient in the
 whole warm-up, e.g. embedding rows of tokens not seen yet) keep a zero
-momentum: without a variance estimate their step would be ``m / eps``. Parameters smaller than ``min_compress_bytes`` are averaged uncompressed
+momentum: without a variance estimate their step would be ``m / eps``.
+Parameters smaller than ``min_compress_bytes`` are averaged uncompressed
 in both phases (fused into one ``Allreduce`` per dtype). The compressed
 momenta are fused too, as 1-bit Adam does, into buckets of consecutive
 parameters of one group and dtype of at most ``fusion_threshold_bytes``,
@@ -149,7 +150,10 @@ class CompressedAdam(torch.optim.Optimizer):
         a node.
     warmup_steps : int
         Exact AdamW steps before the variance is frozen, >= 1. 1-bit Adam
-        recommends 15-25% of the training steps.
+        recommends 15-25% of the training steps. Too short a warm-up leaves
+        a rough variance: coordinates with a tiny one then take huge steps
+        once the codec gives their momentum its chunk's scale (one warm-up
+        step diverged on the benchmark's model).
     lr_corrected : bool
         Learning-rate-corrected error feedback: residuals are scaled by
         eta(t-1)/eta(t) when a group's ``lr`` changes (see
@@ -431,7 +435,8 @@ class CompressedAdam(torch.optim.Optimizer):
         dict
             ``step``, ``warmup`` (whether the next step is a warm-up step),
             ``params`` and ``compressed_params`` (parameters whose momentum is
-            compressed), ``buckets`` (their allreduces per step), ``reductions`` (allreduces started) and ``bytes_sent``
+            compressed), ``buckets`` (their allreduces per step), ``reductions``
+            (allreduces started) and ``bytes_sent``
             (payload bytes this rank put on the wire, ccl's own count).
         """
         return {"step": self.steps, "warmup": self.steps < self.warmup_steps,
