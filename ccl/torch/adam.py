@@ -298,8 +298,8 @@ class CompressedAdam(torch.optim.Optimizer):
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             grad = torch.zeros_like(p) if p.grad is None else p.grad
-            if grad.is_sparse:
-                raise TypeError("CompressedAdam takes dense gradients only")
+            if grad.is_sparse:  # densified rather than refused: raising here on one rank
+                grad = grad.to_dense()  # would leave the others in the allreduce
             out.append((grad, state["exp_avg"], state["exp_avg_sq"]))
         return out
 
