@@ -244,6 +244,10 @@ class Communicator:
         With ``algorithm="hierarchical"`` (nodes of several ranks: exact
         inside a node, compressed across), the flat algorithm across nodes
         (``"ring"``, ``"direct"``, ...). None: the one that fits the codec.
+    lr_corrected : bool
+        Learning-rate-corrected error feedback: after :meth:`set_lr` changes
+        the rate from eta(t-1) to eta(t), each key's residuals are scaled by
+        eta(t-1)/eta(t) at its next call (see ``ccl.feedback``).
 
     Examples
     --------
@@ -256,7 +260,8 @@ class Communicator:
 
     def __init__(self, comm=None, codec=None, algorithm="auto", op="sum", check_finite=False,
                  timeout=None, partition_bytes=4_096_000, min_compress_bytes=65_536,
-                 segment_bytes=None, link_gbps=None, cross_algorithm=None):
+                 segment_bytes=None, link_gbps=None, cross_algorithm=None,
+                 lr_corrected=False):
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self._channel = _channel(self.comm)
         self.options = Options.make(codec, op, algorithm, check_finite, timeout,
@@ -265,6 +270,9 @@ class Communicator:
         if self.options.link_gbps == "probe":  # measured now, once per communicator
             self.options = self.options.replace(
                 link_gbps=collectives.plan.probed_link_gbps(self._channel))
+        if not isinstance(lr_corrected, bool):
+            raise TypeError(f"lr_corrected must be True or False, got {lr_corrected!r}")
+        self.lr_corrected = lr_corrected
         self.feedback = ErrorFeedback()
         self._calls = self._bytes_sent = 0
         self._algorithms = collections.Counter()
@@ -307,6 +315,29 @@ class Communicator:
                 "link_gbps": self._channel.probed_link_gbps if link in (None, "probe")
                 else link,
                 "threads": None if budget is None else budget[0]}
+
+    def set_lr(self, lr):
+        """Tell learning-rate-corrected error feedback the current learning rate (local).
+
+        Not a collective: each rank scales only its own residuals, lazily, at
+        each key's next call. Does nothing unless ``lr_corrected=True``. A rate
+        of 0 leaves the residuals as they are (their last positive rate counts).
+
+        Parameters
+        ----------
+        lr : float
+            The learning rate of the step the next calls belong to, >= 0.
+
+        Raises
+        ------
+        ValueError
+            If ``lr`` is negative, NaN or infinite.
+        """
+        lr = float(lr)
+        if not 0 <= lr < float("inf"):
+            raise ValueError(f"lr must be a finite number >= 0, got {lr!r}")
+        if self.lr_corrected:
+            self.feedback.lr = lr
 
     def _call(self, collective, x, key, **overrides):
         before = self._channel.bytes_sent

@@ -9,6 +9,16 @@ Only a change of the tensor's size or dtype drops them.
 
 Updates are staged during a collective and committed only when it succeeds,
 so a collective that raises (on every rank) leaves the state as it was.
+
+**Learning-rate-corrected error feedback** (BytePS-Compress's "corrected"
+EF). A residual holds what a step did not send, in units of the input (a
+gradient or a momentum); the update it will contribute to is multiplied by
+the learning rate of the step that sends it. When the rate changes from
+eta(t-1) to eta(t), a residual carried over unchanged would move the
+parameters by eta(t)/eta(t-1) times what was withheld. With ``lr`` set
+(:meth:`ccl.Communicator.set_lr`), every key remembers the rate its
+residuals were made at, and the first call at another rate scales them by
+eta(t-1)/eta(t), so what they add to the update is what was withheld.
 """
 
 import numpy as np
@@ -36,14 +46,17 @@ class KeyState:
         Collectives completed with this key (seeds shared randomness).
     residuals : dict
         ``(role, chunk) -> (start, stop, array)``.
+    lr : float or None
+        The learning rate the residuals were made at (None: not corrected).
     """
 
-    __slots__ = ("layout", "step", "residuals", "_pending")
+    __slots__ = ("layout", "step", "residuals", "lr", "_pending")
 
     def __init__(self, layout):
         self.layout = layout
         self.step = 0
         self.residuals = {}
+        self.lr = None  # the learning rate the residuals were made at (corrected EF)
         self._pending = {}
 
     def residual(self, point):
@@ -71,6 +84,20 @@ class KeyState:
         """Forget the staged residuals (the collective failed)."""
         self._pending = {}
 
+    def rescale(self, lr):
+        """Scale the residuals by ``self.lr / lr`` and remember ``lr`` (corrected EF).
+
+        A rate of None or 0 (a schedule's first step) changes nothing: the
+        residuals keep the last positive rate they were made at.
+        """
+        if not lr:
+            return
+        if self.lr is not None and self.lr != lr:
+            factor = self.lr / lr
+            for point, (start, stop, res) in self.residuals.items():
+                self.residuals[point] = (start, stop, (res * factor).astype(res.dtype, copy=False))
+        self.lr = lr
+
     def held(self, n, dtype=np.float64, xp=np):
         """Sum of all residuals placed at their element ranges (length ``n``, module ``xp``)."""
         total = xp.zeros(n, dtype=dtype)
@@ -84,6 +111,8 @@ class ErrorFeedback:
 
     def __init__(self):
         self._keys = {}
+        #: The current learning rate of learning-rate-corrected error feedback (None: off).
+        self.lr = None
 
     def get(self, key):
         """The :class:`KeyState` of ``key`` or None."""
@@ -104,7 +133,8 @@ class ErrorFeedback:
         state = self._keys.get(key)
         if state is None:
             state = self._keys[key] = KeyState(layout)
-        elif state.layout != layout:
+        state.rescale(self.lr)
+        if state.layout != layout:
             old_n, old_dtype = state.layout[:2]
             new_n, new_dtype = layout[:2]
             _move_residuals(state, array_module(x))
@@ -116,7 +146,7 @@ class ErrorFeedback:
         return state, x
 
     def state_dict(self):
-        """Return a picklable snapshot: ``{key: {"layout", "step", "residuals"}}``.
+        """Return a picklable snapshot: ``{key: {"layout", "step", "lr", "residuals"}}``.
 
         Residual arrays are copied. Keys must be strings or other picklable
         objects; the snapshot is meant for ``torch.save``/``pickle`` of a
@@ -127,6 +157,7 @@ class ErrorFeedback:
             out[key] = {
                 "layout": tuple(state.layout),
                 "step": state.step,
+                "lr": state.lr,
                 "residuals": {point: (start, stop, res.copy())
                               for point, (start, stop, res) in state.residuals.items()},
             }
@@ -171,6 +202,11 @@ def _checked_key(key, entry):
         raise ValueError(f"key {key!r}: step must be a non-negative int, got {step!r}")
     state = KeyState(layout)
     state.step = int(step)
+    lr = entry.get("lr")
+    if lr is not None and not (isinstance(lr, (int, float, np.floating)) and lr > 0
+                               and np.isfinite(lr)):
+        raise ValueError(f"key {key!r}: lr must be a positive number or None, got {lr!r}")
+    state.lr = None if lr is None else float(lr)
     for point, (start, stop, res) in entry["residuals"].items():
         role, chunk = point
         if role not in _ROLES or not isinstance(chunk, (int, np.integer)):

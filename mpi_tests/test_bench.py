@@ -173,6 +173,28 @@ def test_torch_digits_seeds_and_ddp_reference(tmp_path):
     assert rows["ccl/onebit"]["bytes_sent"] == rows["ccl/none"]["bytes_sent"] == 0
 
 
+@serial
+def test_lm_runs_every_method_on_stdlib_text(tmp_path):
+    _needs_torch()
+    from ccl.bench import lm
+
+    text = lm.stdlib_text(20_000)
+    assert text.size == 20_000 and np.array_equal(text, lm.stdlib_text(20_000))
+    assert int(text.max()) < len(lm.VOCAB)
+    path, png = tmp_path / "lm.json", tmp_path / "lm.png"
+    assert lm.main(["--steps", "3", "--warmup", "1", "--eval-every", "2", "--val-windows", "8",
+                    "--text-bytes", "40000", "--d-model", "16", "--codecs", "onebit",
+                    "--json", str(path), "--plot", str(png)]) == 0
+    rows = {r["method"]: r for r in json.loads(path.read_text())["rows"]}
+    assert list(rows) == ["adamw", "do/onebit", "cadam/onebit", "ddp/powersgd"]
+    for row in rows.values():
+        assert row["curve"]["step"] == [0, 2, 3]
+        assert all(0 < loss < math.inf for loss in row["curve"]["val_loss"])
+    # two updates of exact AdamW (a one-step warm-up leaves CompressedAdam's variance rough)
+    assert rows["adamw"]["final_val_loss"] < rows["adamw"]["curve"]["val_loss"][0]
+    assert rows["adamw"]["bytes_per_step"] == 0 and png.stat().st_size > 0
+
+
 def test_decode_reencode_variant_is_thc_but_not_homomorphic():
     thc = get_codec("thc", bits=3)
     for stats, agreed in (("own", False), ("agreed", True)):

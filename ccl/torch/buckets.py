@@ -143,6 +143,7 @@ class Plan:
         self.codec = get_codec(codec)
         self.algorithm, self.op, self.passes = algorithm, op, k
         self.threshold, self.min_compress = fusion_threshold_bytes, min_compress_bytes
+        self.lr_corrected = False  # DistributedOptimizer sets it (lr-corrected error feedback)
         if named_parameters is not None and not isinstance(named_parameters, dict):
             named_parameters = list(named_parameters)  # read twice: here and by extend()
         named = named_params(optimizer, named_parameters)

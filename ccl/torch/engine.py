@@ -18,16 +18,19 @@ __all__ = ["Job", "Engine"]
 class Job:
     """One bucket's reduction: input, options, and the result or error once done."""
 
-    __slots__ = ("x", "key", "codec", "algorithm", "result", "error", "done", "on_done")
+    __slots__ = ("x", "key", "codec", "algorithm", "lr", "result", "error", "done", "on_done")
 
-    def __init__(self, x, key, codec=None, algorithm=None, on_done=None):
+    def __init__(self, x, key, codec=None, algorithm=None, on_done=None, lr=None):
         self.x, self.key, self.codec, self.algorithm = x, key, codec, algorithm
+        self.lr = lr  # the learning rate of lr-corrected error feedback (None: not corrected)
         self.result = self.error = None
         self.done = threading.Event()
         self.on_done = on_done  # called with the job once it is done, in the thread that ran it
 
     def run(self, communicator):
         try:
+            if self.lr is not None:  # lr-corrected error feedback, on the thread that reduces
+                communicator.set_lr(self.lr)
             self.result = communicator.allreduce(self.x, key=self.key, codec=self.codec,
                                                  algorithm=self.algorithm)
         except BaseException as exc:  # handed to the thread that waits for the job

@@ -23,6 +23,7 @@ methods it adds to the wrapped optimizer.
 
 import contextlib
 import warnings
+import weakref
 
 from ..agreement import agree
 from ..collectives.auto import MIN_COMPRESS_BYTES
@@ -266,7 +267,7 @@ def _subclass(base):
 def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm="auto",
                          backward_passes_per_step=1, op="mean",
                          fusion_threshold_bytes=DEFAULT_FUSION_THRESHOLD_BYTES,
-                         min_compress_bytes=MIN_COMPRESS_BYTES):
+                         min_compress_bytes=MIN_COMPRESS_BYTES, lr_corrected=False):
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks (collective).
 
     Parameters
@@ -302,6 +303,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
         Buckets smaller than this (default 65536, ``ccl.collectives.auto``'s
         threshold) are sent uncompressed: for them latency, not bandwidth,
         costs.
+    lr_corrected : bool
+        Learning-rate-corrected error feedback: a bucket's residuals are
+        scaled by eta(t-1)/eta(t) when the ``lr`` of its first parameter's
+        group changes (see :meth:`ccl.Communicator.set_lr`).
 
     Returns
     -------
@@ -338,12 +343,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
             raise TypeError("optimizer is already a ccl.torch.DistributedOptimizer")
         plan = Plan(optimizer, named_parameters, codec, algorithm, backward_passes_per_step,
                      op, fusion_threshold_bytes, min_compress_bytes)
+        if not isinstance(lr_corrected, bool):
+            raise TypeError(f"lr_corrected must be True or False, got {lr_corrected!r}")
+        plan.lr_corrected = lr_corrected
     except (TypeError, ValueError) as exc:
         error = exc
     agree(runtime.comm, "DistributedOptimizer",
-          [("arguments", plan.signature() if plan else None)], error)
+          [("arguments", plan.signature() if plan else None), ("lr_corrected", lr_corrected)],
+          error)
     cls = _subclass(type(optimizer))
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._ccl = Reducer(runtime, plan)
+    wrapped._ccl.optimizer = weakref.ref(wrapped)  # where lr-corrected EF reads the lr
     return wrapped

@@ -59,7 +59,9 @@ class Reducer:
         self.rank, self.size = runtime.rank, runtime.size
         # The plan already sends small buckets uncompressed; large ones are reduced in
         # partitions with their own residuals (the Communicator's partition_bytes).
-        self.engine = Engine(runtime, plan.codec, plan.algorithm, plan.op, min_compress_bytes=0)
+        self.engine = Engine(runtime, plan.codec, plan.algorithm, plan.op, min_compress_bytes=0,
+                             lr_corrected=plan.lr_corrected)
+        self.optimizer = None  # a weak reference to the wrapped optimizer (lr-corrected EF)
         self.comm = runtime.comm  # this thread's: the gradient census of synchronize()
         self.lock = threading.RLock()
         self.bucket_of, self.offset_of, self.buckets = [], [], []
@@ -168,8 +170,19 @@ class Reducer:
             self.next_launch += 1
 
     def _launch(self, bucket):
-        bucket.job = Job(to_array(bucket.flat), bucket.key, bucket.codec, bucket.algorithm)
+        bucket.job = Job(to_array(bucket.flat), bucket.key, bucket.codec, bucket.algorithm,
+                         lr=self.lr_of(bucket))
         self.engine.submit(bucket.job)
+
+    def lr_of(self, bucket):
+        """The lr of the group of the bucket's first parameter (lr-corrected EF), or None."""
+        optimizer = self.optimizer() if self.plan.lr_corrected and self.optimizer else None
+        if optimizer is None or bucket.key is None:
+            return None
+        first = self.params[bucket.members[0]]
+        lr = next(float(g["lr"]) for g in optimizer.param_groups
+                  if any(q is first for q in g["params"]))
+        return lr if 0 <= lr < float("inf") else None
 
     # ----------------------------------------------------------- synchronize
     def synchronize(self):
