@@ -289,7 +289,9 @@ class Communicator:
             rank put on the wire for them, ccl's own count), ``algorithms``
             (how many calls ran each algorithm, ``auto`` resolved) and
             ``link_gbps`` (the link speed ``auto`` measured or was given;
-            None until it was needed).
+            None until it was needed) and ``threads`` (the numba threads
+            this rank's kernels use, :mod:`ccl.threads`; None before the
+            first call, or when ``NUMBA_NUM_THREADS`` decides).
 
         Examples
         --------
@@ -299,11 +301,12 @@ class Communicator:
         >>> c.stats()["calls"]
         1
         """
-        link = self.options.link_gbps
+        link, budget = self.options.link_gbps, self._channel.thread_budget
         return {"calls": self._calls, "bytes_sent": self._bytes_sent,
                 "algorithms": dict(self._algorithms),
                 "link_gbps": self._channel.probed_link_gbps if link in (None, "probe")
-                else link}
+                else link,
+                "threads": None if budget is None else budget[0]}
 
     def _call(self, collective, x, key, **overrides):
         before = self._channel.bytes_sent

@@ -186,9 +186,9 @@ VARIABLES = {v.name: v for v in (
     Variable("CCL_SEGMENT_BYTES", segment_bytes, "1048576",
              "Payload bytes per pipeline segment of ring and direct; 0 turns pipelining off; "
              "`segment_bytes=` overrides it."),
-    Variable("CCL_NUM_THREADS", positive_int, "cores of the rank / ranks on its node",
-             "Numba threads per rank for ccl's parallel kernels (an explicit "
-             "`NUMBA_NUM_THREADS` is honoured too)."),
+    Variable("CCL_NUM_THREADS", positive_int, "cores of the rank // ranks on its machine",
+             "Numba threads per rank for ccl's kernels (the thread budget, see "
+             "`ccl.threads`); wins over `NUMBA_NUM_THREADS`."),
     Variable("CCL_LOCAL_SIZE", positive_int, "ranks sharing memory (MPI's shared-memory split)",
              "Ranks per node: consecutive blocks of this many ranks form a node (launchers "
              "and emulated clusters)."),

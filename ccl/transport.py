@@ -52,9 +52,9 @@ class Channel:
         Payload bytes this rank put on the wire (see each method).
     probed_link_gbps : float or None
         The link speed measured for ``auto`` (None until it is measured).
-    agreed_cores : float or None
-        The smallest share of its node's cores that any rank has, for
-        ``auto`` (None until it is needed).
+    thread_budget : tuple or None
+        ``(numba threads of this rank, smallest share of cores of any rank)``
+        (:func:`ccl.threads.channel_budget`; None until the first call).
 
     One collective runs on a channel at a time: :meth:`begin` takes the
     channel's lock and :meth:`end` releases it, so collectives of two threads
@@ -70,7 +70,7 @@ class Channel:
         self.calls = 0
         self.bytes_sent = 0
         self.probed_link_gbps = None  # measured once, when auto first needs it
-        self.agreed_cores = None  # the smallest share of cores of any rank, likewise
+        self.thread_budget = None  # (threads, agreed share of cores), at the first call
         self._lock = threading.Lock()
         # (request, buffer) of this call's sends, and of earlier calls that ended by an
         # exception with sends still in flight: MPI may still read those buffers

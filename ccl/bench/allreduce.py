@@ -36,8 +36,9 @@ from ccl.collectives.base import DEFAULT_SEGMENT_BYTES, segment_count
 from ccl.transport import channel as _channel
 
 ALGORITHMS = ("ring", "tree", "direct", "allgather", "auto")
-# "fit": the algorithm that fits each codec (ccl.collectives.auto.fitting)
-CHOICES = ALGORITHMS + ("fit",)
+# "fit": the algorithm that fits each codec (ccl.collectives.auto.fitting); "hierarchical"
+# runs only when asked for (it needs nodes of several ranks)
+CHOICES = ALGORITHMS + ("hierarchical", "fit")
 
 
 def _parse_size(text):

@@ -11,6 +11,7 @@ ccl uses SplitMix64's finaliser (Steele, Lea, Flood 2014) over
 ``seed + (counter + 1) * golden``, which is the SplitMix64 stream itself.
 """
 
+import numba
 import numpy as np
 
 from .._jit import njit
@@ -115,7 +116,12 @@ def f32_round_up(value):
 
 
 class _SizedKernel:
-    """A kernel compiled twice, parallel and serial, chosen per call by the work size."""
+    """A kernel compiled twice, parallel and serial, chosen per call.
+
+    The parallel variant runs for work of at least :data:`PARALLEL_MIN_SIZE`
+    when the calling thread may use more than one numba thread (the thread
+    budget, :mod:`ccl.threads`).
+    """
 
     def __init__(self, func, size_arg):
         self.py_func = func
@@ -126,7 +132,9 @@ class _SizedKernel:
     def __call__(self, *args):
         size = args[self._size_arg]
         size = size.size if isinstance(size, np.ndarray) else int(size)
-        kernel = self.parallel if size >= PARALLEL_MIN_SIZE else self.serial
+        # threads cannot pay below the size, nor with a budget of one (ccl.threads)
+        parallel = size >= PARALLEL_MIN_SIZE and numba.get_num_threads() > 1
+        kernel = self.parallel if parallel else self.serial
         return kernel(*args)
 
 

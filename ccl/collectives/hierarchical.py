@@ -53,9 +53,19 @@ def allreduce(call, x):
     local, cross = topology.local, topology.cross
     bounds = chunk_bounds(x.size, local.size)
     start = int(bounds[local.rank])
-    timeout, activity = call.channel.timeout, call.channel.activity
     for channel in (local, cross):
         channel.use_backend(call.channel.backend)
+    sent_before = local.bytes_sent + cross.bytes_sent
+    try:
+        return _three_steps(call, x, local, cross, bounds, start)
+    finally:
+        # what this rank sent inside its node and across is the call's traffic
+        call.channel.bytes_sent += local.bytes_sent + cross.bytes_sent - sent_before
+
+
+def _three_steps(call, x, local, cross, bounds, start):
+    """Reduce-scatter in the node, the compressed allreduce across, allgather in the node."""
+    timeout, activity = call.channel.timeout, call.channel.activity
     local.begin(activity, timeout)
     try:
         part = local.reduce_scatter_sum(x, bounds)

@@ -29,6 +29,7 @@ from ..codecs import get_codec
 from ..codecs.context import all_finite
 from ..codecs.header import FLAG_FAILED, FLAG_OVERFLOW
 from ..errors import CompressionOverflowError, NonFiniteError, PeerError
+from ..threads import budgeted, channel_budget
 from . import auto
 from .base import DEFAULT_SEGMENT_BYTES, Call, segment_count
 from .algorithms import ALGORITHMS, REDUCE_SCATTER
@@ -157,7 +158,7 @@ class Request:
                 # every rank reaches this point alike (the decision's inputs were agreed)
                 if self.link_gbps in (None, "probe"):
                     self.link_gbps = probed_link_gbps(channel)
-                cores, nodes = agreed_cores(channel), channel.topology()
+                cores, nodes = channel_budget(channel)[1], channel.topology()
             algorithm = auto.choose(codec, nbytes, channel.size, dtype, self.collective,
                                     self.link_gbps, bool(self.segment_bytes), cores)
             if algorithm != "mpi" and nodes is not None and nodes.uniform \
@@ -173,16 +174,6 @@ def probed_link_gbps(channel):
     if channel.probed_link_gbps is None:
         channel.probed_link_gbps = auto.probe_link_gbps(channel.comm)
     return channel.probed_link_gbps
-
-
-def agreed_cores(channel):
-    """The smallest share of cores of any rank of ``channel`` (collective, once)."""
-    if channel.agreed_cores is None:
-        share = np.array([1.0])  # each rank's share of its node's cores (thread budget)
-        out = np.empty(1)
-        channel.wait(channel.comm.Iallreduce(share, out, op=MPI.MIN), "the cores of every rank")
-        channel.agreed_cores = float(out[0])
-    return channel.agreed_cores
 
 
 def pieces(request, algorithm, size):
@@ -241,10 +232,12 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
         if flagged["nonfinite"]:
             raise NonFiniteError(f"NaN or Inf in the input of rank(s) {flagged['nonfinite']} "
                                  f"to {collective} (check_finite=True)")
+        threads = channel_budget(channel)[0]  # collective at a channel's first call
         algorithm = request.resolve(channel)
         if record is not None:
             record[algorithm] += 1
-        total = _reduce(channel, feedback, request, algorithm, key, step, tag)
+        with budgeted(threads):
+            total = _reduce(channel, feedback, request, algorithm, key, step, tag)
         completed = True
     finally:
         channel.end(completed)

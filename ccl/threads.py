@@ -1,0 +1,178 @@
+"""The thread budget: how many numba threads a rank's codec kernels may use.
+
+Numba starts one worker per core in every process. Four ranks on a
+two-core machine then run eight workers, plus torch's threads and the MPI
+library's busy polling, on two cores, and a parallel 3LC kernel that should
+take milliseconds waits for a core instead. ccl therefore gives each rank a
+**fair share** of the cores it may run on:
+
+``threads = max(1, cores // ranks_on_this_machine)``
+
+* ``cores`` is what the rank may run on: its CPU affinity
+  (``os.sched_getaffinity``), so a launcher that binds ranks to cores is
+  respected;
+* ``ranks_on_this_machine`` counts the ranks of the communicator that run
+  on the same kernel (the same boot id), whatever the MPI library thinks of
+  nodes: ranks of an emulated cluster in network namespaces share the
+  machine's cores all the same. It is found once per communicator, in the
+  first collective call (collective, after the call's agreement);
+* the thread that runs a collective (the caller's, or ``ccl.torch``'s
+  communication thread) is one of the ``threads``: it waits while the
+  workers run a parallel region. torch's own threads are left to torch.
+
+With a budget of one thread the kernels run their serial variants (threads
+cannot pay there). ``CCL_NUM_THREADS`` sets the budget, and an explicit
+``NUMBA_NUM_THREADS`` in the environment turns the rule off (numba's own
+setting is then used as it is). The budget is applied to the calling thread
+for the duration of each collective (numba's thread count is per thread) and
+the caller's own count is restored afterwards, so a kernel runs with the
+same threads in a communication thread as in the main thread.
+
+>>> budget(cores=16, ranks=4, environ={})
+4
+>>> budget(cores=2, ranks=4, environ={})
+1
+>>> budget(cores=2, ranks=4, environ={"NUMBA_NUM_THREADS": "2"}) is None
+True
+"""
+
+import contextlib
+import os
+import zlib
+
+import numba
+import numpy as np
+from mpi4py import MPI
+
+from . import config
+
+__all__ = ["available_cores", "machine_id", "budget", "fair_share", "ranks_on_machine",
+           "budgeted", "channel_budget"]
+
+
+def available_cores():
+    """The number of cores this process may run on (its affinity, else the CPU count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def machine_id():
+    """A 63-bit number that is the same for every process on this machine's kernel.
+
+    The kernel's boot id is shared by every network namespace and container
+    of one machine, where host names may differ; the host name is the
+    fallback where there is no boot id.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            text = f.read().strip()
+    except OSError:
+        text = MPI.Get_processor_name().encode()
+    return zlib.crc32(text) | (zlib.adler32(text) << 31)
+
+
+def ranks_on_machine(comm, wait=None):
+    """How many ranks of ``comm`` run on this rank's machine (collective).
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+        Every rank of it must call.
+    wait : callable, optional
+        ``wait(request, what)`` completes the nonblocking exchange (ccl's
+        channels pass theirs, which honours the timeout); default: wait.
+
+    Returns
+    -------
+    int
+    """
+    mine = np.array([machine_id()], dtype=np.int64)
+    ids = np.empty(comm.Get_size(), dtype=np.int64)
+    request = comm.Iallgather([mine, MPI.INT64_T], [ids, MPI.INT64_T])
+    if wait is None:
+        request.Wait()
+    else:
+        wait(request, "the machines of every rank")
+    return int(np.count_nonzero(ids == mine[0]))
+
+
+def budget(cores, ranks, environ=None):
+    """The numba threads of one rank; None leaves numba's own setting.
+
+    Parameters
+    ----------
+    cores : int
+        Cores the rank may run on (:func:`available_cores`).
+    ranks : int
+        Ranks sharing them (:func:`ranks_on_machine`).
+    environ : mapping, optional
+        Where to read ``CCL_NUM_THREADS`` and ``NUMBA_NUM_THREADS`` (default
+        ``os.environ``).
+
+    Returns
+    -------
+    int or None
+        ``CCL_NUM_THREADS`` if set; None if ``NUMBA_NUM_THREADS`` is set;
+        otherwise ``max(1, cores // ranks)``.
+    """
+    env = os.environ if environ is None else environ
+    explicit = config.read("CCL_NUM_THREADS", env)
+    if explicit is not None:
+        return explicit
+    if str(env.get("NUMBA_NUM_THREADS", "")).strip():
+        return None
+    return max(1, cores // max(1, ranks))
+
+
+def fair_share(cores, ranks):
+    """A rank's share of its machine's cores, at most 1 (for ``auto``'s cost model).
+
+    ``auto``'s codec speeds are one core's; a rank with half a core runs its
+    codec half as fast.
+
+    >>> fair_share(2, 4), fair_share(16, 4)
+    (0.5, 1.0)
+    """
+    return min(1.0, cores / max(1, ranks))
+
+
+def channel_budget(channel):
+    """``(threads, share)`` of ``channel``'s ranks, found once (collective the first time).
+
+    ``threads`` is :func:`budget`'s answer for this rank; ``share`` is the
+    smallest :func:`fair_share` of any rank, agreed so that ``auto`` decides
+    alike everywhere.
+    """
+    if channel.thread_budget is None:
+        cores = available_cores()
+        ranks = ranks_on_machine(channel.comm, channel.wait)
+        shares = np.empty(1)
+        channel.wait(channel.comm.Iallreduce(np.array([fair_share(cores, ranks)]), shares,
+                                             op=MPI.MIN), "the cores of every rank")
+        channel.thread_budget = (budget(cores, ranks), float(shares[0]))
+    return channel.thread_budget
+
+
+@contextlib.contextmanager
+def budgeted(threads):
+    """Run the body with ``threads`` numba threads in this thread, then restore the count.
+
+    Parameters
+    ----------
+    threads : int or None
+        None leaves the count as it is. Capped at numba's pool size.
+    """
+    if threads is None:
+        yield
+        return
+    before = numba.get_num_threads()
+    wanted = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
+    if wanted != before:
+        numba.set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        if wanted != before:
+            numba.set_num_threads(before)
