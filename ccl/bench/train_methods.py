@@ -52,16 +52,17 @@ def check_methods(methods):
 def set_torch_threads(comm):
     """One share of this machine's cores per rank on it, for torch's intra-op pool.
 
-    Ranks on one machine are those with the same host name: the emulated
-    cluster's namespaces keep it, so its ranks count as the one machine they
-    share. Returns the thread count set.
+    The share is ccl's thread budget rule (:mod:`ccl.threads`): the rank's
+    cores over the ranks on its machine, counted by boot id, so the emulated
+    cluster's namespaces count as the one machine they share. Returns the
+    thread count set.
     """
     import torch
 
-    names = comm.allgather(socket.gethostname())
-    here = names.count(socket.gethostname())
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(max(1, (cores or 1) // here))
+    from ccl import threads
+
+    ranks = threads.ranks_on_machine(comm)
+    torch.set_num_threads(max(1, threads.available_cores() // ranks))
     return torch.get_num_threads()
 
 
