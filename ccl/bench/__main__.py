@@ -9,11 +9,12 @@ COMMANDS = {
     "gradients": "ccl.bench.gradients",  # no MPI: codecs on real torch gradients (digits MLP)
     "selection": "ccl.bench.selection",  # no MPI: top-k selection time vs np.argpartition
     "steady": "ccl.bench.steady",        # no MPI: error feedback on real gradients, then zeros
+    "train": "ccl.bench.train",          # under mpiexec: DDP hooks vs ccl codecs, time to accuracy
     "report": "ccl.bench.report",        # regenerate docs/benchmarks.md (all of the above)
     "cluster": "ccl.bench.cluster",      # root: run a command on an emulated rate-limited cluster
     "gpu": "ccl.bench.gpu",              # GPU + cupy: device encode/decode GB/s vs a device copy
 }
-MPI_COMMANDS = ("allreduce", "accuracy")
+MPI_COMMANDS = ("allreduce", "accuracy", "train")
 
 
 def main(argv=None):

@@ -1,0 +1,103 @@
+"""``python -m ccl.bench.train`` on a tiny model: the JSON it writes, and methods that must agree.
+
+Correctness only: no figure here is a speed. The MPI-marked test runs at
+the launched rank count, in-process, on the test's communicator.
+"""
+
+import json
+
+import pytest
+
+from ccl.bench import train_methods
+
+pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+
+ROW_KEYS = {"method", "steps", "step_times", "losses", "curve", "train_seconds",
+            "median_step_s", "final_accuracy", "bytes_per_step", "bytes_source",
+            "steps_to_target", "time_to_target_s"}
+STEPS, HIDDEN = 4, 16
+METHODS = ["ccl/none", "ddp/none", "local", "ccl/topk"]
+
+
+def _run(comm, tmp_path, extra=()):
+    import torch
+
+    threads = torch.get_num_threads()
+    path = comm.bcast(str(tmp_path / "train.json"), root=0)  # rank 0 writes, all read
+    try:
+        from ccl.bench import train
+        assert train.main(["--hidden", str(HIDDEN), "--steps", str(STEPS), "--batch", "16",
+                           "--eval-every", "1", "--warmup", "1", "--methods", *METHODS,
+                           "--json", path, *extra], comm=comm) == 0
+    finally:
+        torch.set_num_threads(threads)
+    comm.Barrier()
+    with open(path) as f:
+        out = json.load(f)
+    comm.Barrier()  # nobody leaves (and rank 0's tmp_path may go) before all have read
+    return out
+
+
+@pytest.mark.mpi
+def test_train_rows_and_identical_starts(comm, tmp_path):
+    out = _run(comm, tmp_path)
+    rows = {r["method"]: r for r in out["rows"]}
+    assert list(rows) == METHODS and out["ranks"] == comm.size
+    assert out["parameters"] == 64 * 16 + 16 + 16 * 16 + 16 + 16 * 10 + 10
+    assert 0 < out["target"] <= 1 and out["target_source"].startswith("ddp/none at step")
+    for r in rows.values():
+        assert ROW_KEYS <= set(r) and r["steps"] == STEPS
+        assert len(r["step_times"]) == len(r["losses"]) == STEPS
+        assert all(t > 0 for t in r["step_times"])
+        assert [c[0] for c in r["curve"]] == list(range(STEPS + 1))
+        seconds = [c[1] for c in r["curve"]]
+        assert seconds[0] == 0 and seconds == sorted(seconds)
+        assert r["train_seconds"] == pytest.approx(sum(r["step_times"]))
+        assert r["final_accuracy"] == r["curve"][-1][2]
+        assert all(0 <= c[2] <= 1 for c in r["curve"])
+        if r["steps_to_target"] is not None:
+            hit = r["curve"][r["steps_to_target"]]
+            assert hit[2] >= out["target"] and r["time_to_target_s"] == hit[1]
+    # the same initial weights and batches: the same first loss and initial accuracy
+    assert len({r["losses"][0] for r in rows.values()}) == 1
+    assert len({r["curve"][0][2] for r in rows.values()}) == 1
+    # uncompressed averaging through MPI and through gloo: the same steps
+    ccl_none, ddp_none, local = rows["ccl/none"], rows["ddp/none"], rows["local"]
+    assert ccl_none["losses"] == pytest.approx(ddp_none["losses"], rel=1e-5)
+    ring = 2 * (comm.size - 1) / comm.size
+    assert ddp_none["bytes_per_step"] == pytest.approx(ring * 4 * out["parameters"])
+    assert ddp_none["bytes_source"] == "computed" and local["bytes_per_step"] == 0
+    assert ccl_none["bytes_source"] == "counted" and ccl_none["buckets"] >= 1
+    if comm.size == 1:
+        # nothing to average: every uncompressed method takes the very same steps
+        for r in (ddp_none, local):
+            assert r["losses"] == ccl_none["losses"] and r["curve"][1:] != []
+            assert [c[2] for c in r["curve"]] == [c[2] for c in ccl_none["curve"]]
+        assert ccl_none["bytes_per_step"] == rows["ccl/topk"]["bytes_per_step"] == 0
+    else:
+        assert ccl_none["bytes_per_step"] > 0
+
+
+def test_target_from_ddp_none_or_given():
+    from ccl.bench import train
+
+    curve = [[0, 0.0, 0.1], [2, 1.0, 0.5], [4, 2.0, 0.9], [5, 2.5, 0.8]]
+    rows = [dict(method="local", steps=5, curve=[[0, 0.0, 0.1], [5, 0.5, 0.85]]),
+            dict(method="ddp/none", steps=5, curve=curve)]
+    # the first evaluation at or after 80 % of ddp/none's steps (step 4 of 5)
+    assert train.pick_target(rows) == (0.9, "ddp/none at step 4 of 5")
+    assert train.pick_target(rows, 0.8) == (0.8, "--target")
+    train.add_target(rows, 0.8)
+    assert (rows[0]["steps_to_target"], rows[0]["time_to_target_s"]) == (5, 0.5)
+    assert (rows[1]["steps_to_target"], rows[1]["time_to_target_s"]) == (4, 2.0)
+    train.add_target(rows, 0.95)
+    assert rows[0]["steps_to_target"] is rows[1]["time_to_target_s"] is None
+
+
+def test_methods_are_checked():
+    train_methods.check_methods(train_methods.METHODS)
+    with pytest.raises(ValueError, match="known: ddp/none"):
+        train_methods.check_methods(["ccl/none", "ddp/bogus"])
+    assert [train_methods.kind(m) for m in ("ddp/fp16", "ccl/3lc", "local")] == \
+        ["ddp", "ccl", "local"]
