@@ -240,6 +240,25 @@ class Call:
             self.note_flags(flags, j)
         return values
 
+    def sum_results(self, payloads, j, total):
+        """Add the decoded result payloads of unit ``j`` into ``total``, in order.
+
+        Their flags combine as :meth:`ccl.codecs.Codec.add` combines them:
+        ``NONFINITE`` wins over ``OVERFLOW``. One rank's NaN makes the agreed
+        statistics of a shared-statistics codec (THC's norm) infinite, which
+        flags the other ranks' payloads ``OVERFLOW``; the unit is NaN, not an
+        overflow, as it is where the payloads are added encoded.
+        """
+        combined = 0
+        for payload in payloads:
+            values, flags = self._decode(payload, j)
+            total += values
+            combined |= 0 if flags is None else flags
+        if combined & FLAG_NONFINITE:
+            combined &= ~FLAG_OVERFLOW
+        self.note_flags(combined, j)
+        return total
+
     def decode_into(self, out, payload, j):
         """Decode a result payload of unit ``j`` into its place in ``out``."""
         self.unit(out, j)[:] = self.decode_result(payload, j)
