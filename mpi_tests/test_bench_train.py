@@ -17,7 +17,7 @@ ROW_KEYS = {"method", "steps", "step_times", "losses", "curve", "train_seconds",
             "median_step_s", "final_accuracy", "bytes_per_step", "bytes_source",
             "steps_to_target", "time_to_target_s"}
 STEPS, HIDDEN = 4, 16
-METHODS = ["ccl/none", "ddp/none", "local", "ccl/topk"]
+METHODS = ["ccl/none", "ddp/none", "local", "ccl/topk", "hook/onebit"]
 
 
 def _run(comm, tmp_path, extra=()):
@@ -77,6 +77,11 @@ def test_train_rows_and_identical_starts(comm, tmp_path):
         assert ccl_none["bytes_per_step"] == rows["ccl/topk"]["bytes_per_step"] == 0
     else:
         assert ccl_none["bytes_per_step"] > 0
+    # DDP with ccl's hook, counted by the hook's communicator: the tiny model's bucket is
+    # under min_compress_bytes, so it travels uncompressed, as ccl/none's does
+    hook = rows["hook/onebit"]
+    assert hook["bytes_source"] == "counted"
+    assert hook["bytes_per_step"] == pytest.approx(ccl_none["bytes_per_step"])
 
 
 def test_target_from_ddp_none_or_given():
@@ -99,5 +104,6 @@ def test_methods_are_checked():
     train_methods.check_methods(train_methods.METHODS)
     with pytest.raises(ValueError, match="known: ddp/none"):
         train_methods.check_methods(["ccl/none", "ddp/bogus"])
+    assert train_methods.kind("hook/3lc") == "hook"
     assert [train_methods.kind(m) for m in ("ddp/fp16", "ccl/3lc", "local")] == \
         ["ddp", "ccl", "local"]

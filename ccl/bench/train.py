@@ -137,8 +137,8 @@ def train(comm, method, data, args, progress):
 
 
 def run_methods(comm, methods, data, args, progress):
-    """Every method's row, the ``ccl`` ones in one ``ccl.torch`` session and the DDP ones in
-    one gloo group; rows come back in the order of ``methods``."""
+    """Every method's row, the ``ccl`` ones in one ``ccl.torch`` session, the DDP ones in
+    one gloo group, the hook ones with both; rows come back in the order of ``methods``."""
     rows = {}
     group = [m for m in methods if kind(m) == "ccl"]
     if group:
@@ -160,6 +160,20 @@ def run_methods(comm, methods, data, args, progress):
             rows.update((m, train(comm, m, data, args, progress)) for m in group)
         finally:
             dist.destroy_process_group()
+    group = [m for m in methods if kind(m) == "hook"]
+    if group:  # DDP on gloo, averaging through ccl's hook on ccl's own communicator
+        import ccl
+        import ccl.torch as ct
+        import torch.distributed as dist
+
+        ccl.warmup([m.split("/", 1)[1] for m in group])
+        ct.init(comm)
+        train_methods.init_gloo(comm)
+        try:
+            rows.update((m, train(comm, m, data, args, progress)) for m in group)
+        finally:
+            dist.destroy_process_group()
+            ct.shutdown()
     rows.update((m, train(comm, m, data, args, progress))
                 for m in methods if kind(m) == "local")
     return [rows[m] for m in methods]
@@ -220,7 +234,7 @@ def plot(rows, target, title, path):
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5),
                                       gridspec_kw={"width_ratios": [3, 2]})
-    styles = {"ccl": "-", "ddp": "--", "local": ":"}
+    styles = {"ccl": "-", "ddp": "--", "hook": "-.", "local": ":"}
     for r in rows:
         _, seconds, accuracy = zip(*r["curve"])
         left.plot(seconds, accuracy, styles[kind(r["method"])], marker=".",

@@ -12,6 +12,9 @@ initial weights (:func:`ccl.bench.torch_digits.mlp` with the run's seed):
 - ``ccl/<codec>``: :func:`ccl.torch.DistributedOptimizer` with that codec
   and nothing else: default codec settings, ``algorithm="auto"``, default
   fusion;
+- ``hook/<codec>``: ``DistributedDataParallel`` on gloo with ccl's codec as
+  its communication hook (:func:`ccl.torch.ddp_comm_hook`, default settings),
+  DDP's default buckets;
 - ``local``: no communication at all, each rank steps on its own gradient
   (the floor of the step time).
 
@@ -30,15 +33,16 @@ from mpi4py import MPI
 
 DDP_HOOKS = ("none", "fp16", "powersgd")
 CCL_CODECS = ("none", "fp16", "3lc", "onebit", "thc", "sidco", "topk")
+HOOK_CODECS = ("3lc", "onebit")
 METHODS = (tuple(f"ddp/{h}" for h in DDP_HOOKS) + tuple(f"ccl/{c}" for c in CCL_CODECS)
-           + ("local",))
+           + tuple(f"hook/{c}" for c in HOOK_CODECS) + ("local",))
 POWERSGD_RANK = 4
 POWERSGD_START = 2  # powerSGD_hook's minimum with error feedback (buckets rebuild after step 1)
 _SIOCGIFADDR = 0x8915
 
 
 def kind(method):
-    """``"ddp"``, ``"ccl"`` or ``"local"``: which runtime ``method`` needs."""
+    """``"ddp"``, ``"ccl"``, ``"hook"`` or ``"local"``: which runtime ``method`` needs."""
     return method.split("/", 1)[0]
 
 
@@ -133,8 +137,9 @@ def init_gloo(comm):
 def build(method, hidden, seed, lr):
     """The model and optimizer of ``method``, from the seed's initial weights.
 
-    The ``ccl`` runtime (:func:`ccl.torch.init`) or the gloo group
-    (:func:`init_gloo`) must be up for ``ccl/`` and ``ddp/`` methods.
+    The ``ccl`` runtime (:func:`ccl.torch.init`) must be up for ``ccl/`` and
+    ``hook/`` methods, the gloo group (:func:`init_gloo`) for ``ddp/`` and
+    ``hook/`` ones.
 
     Returns
     -------
@@ -165,10 +170,17 @@ def build(method, hidden, seed, lr):
                                                 matrix_approximation_rank=POWERSGD_RANK,
                                                 start_powerSGD_iter=POWERSGD_START)
             model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    import ccl.torch as ct
+
+    if family == "hook":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        state, hook = ct.ddp_comm_hook(name)
+        model.register_comm_hook(state, hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        return model, optimizer, lambda: state.communicator.stats()["bytes_sent"]
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     if family != "ccl":
         return model, optimizer, None
-    import ccl.torch as ct
 
     optimizer = ct.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                         codec=name)
