@@ -85,6 +85,15 @@ def _inputs(seed, call, rank, n):
     return x * np.float32(10.0 ** rng.integers(-2, 3))  # magnitudes vary between ranks
 
 
+def _refuses_error_feedback(config):
+    """Whether the codec of ``config`` refuses error feedback (its residual would grow)."""
+    try:
+        get_codec(config).check_error_feedback()
+    except ValueError:
+        return True
+    return False
+
+
 class _Plan:
     """The shared random plan: codecs, key specifications, then one spec per call."""
 
@@ -107,9 +116,9 @@ class _Plan:
     def _spec(self, keyed):
         collective = str(self.rng.choice(["allreduce", "allreduce", "reduce_scatter",
                                           "allgather"]))
-        # scaled random-k is the unbiased estimator for use *without* error feedback; with
-        # it the residuals grow until the codec reports an overflow (randomk's docstring)
-        codecs = [c for c in self.codecs if not (keyed and c.get("scale"))]
+        # keyed calls keep residuals: configurations whose residual grows (scaled random-k,
+        # l2 dithering) are refused there, so keyed calls draw from the others
+        codecs = [c for c in self.codecs if not (keyed and _refuses_error_feedback(c))]
         spec = {"collective": collective, "codec": codecs[self.rng.integers(len(codecs))],
                 "op": str(self.rng.choice(["sum", "mean"])), "n": self._size()}
         if collective == "allgather":
