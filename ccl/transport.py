@@ -52,6 +52,9 @@ class Channel:
         Payload bytes this rank put on the wire (see each method).
     probed_link_gbps : float or None
         The link speed measured for ``auto`` (None until it is measured).
+    probed_latency : float or None
+        Seconds per step of point-to-point messages, measured for ``auto``
+        (None until it is measured).
     thread_budget : tuple or None
         ``(numba threads of this rank, smallest share of cores of any rank)``
         (:func:`ccl.threads.channel_budget`; None until the first call).
@@ -70,6 +73,7 @@ class Channel:
         self.calls = 0
         self.bytes_sent = 0
         self.probed_link_gbps = None  # measured once, when auto first needs it
+        self.probed_latency = None  # seconds per step of messages, likewise
         self.thread_budget = None  # (threads, agreed share of cores), at the first call
         self._lock = threading.Lock()
         # (request, buffer) of this call's sends, and of earlier calls that ended by an

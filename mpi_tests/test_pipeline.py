@@ -112,6 +112,28 @@ def test_cost_model_is_monotonic_in_size_and_link_speed():
     assert 0 < t_codec < t_mpi
 
 
+def test_latency_sends_small_messages_uncompressed():
+    """Each step of messages costs the latency: small messages go to MPI, large ones compress."""
+    codec = get_codec("3lc")
+    without = auto.estimate(codec, 1 << 20, 4, 1.0)
+    with_latency = auto.estimate(codec, 1 << 20, 4, 1.0, latency=0.004)
+    assert with_latency[0] == without[0]
+    assert with_latency[1] == pytest.approx(without[1] + auto.rounds("direct", 4) * 0.004)
+    assert auto.choose(codec, 1 << 16, 4, np.float32, link_gbps=10.0, latency=0.004) == "mpi"
+    assert auto.choose(codec, 1 << 26, 4, np.float32, link_gbps=1.0, latency=0.004) == "direct"
+    sizes = [1 << k for k in range(16, 29)]
+    picks = [auto.choose(codec, s, 4, np.float32, link_gbps=1.0, latency=0.004) != "mpi"
+             for s in sizes]
+    assert picks == sorted(picks) and not picks[0] and picks[-1]
+
+
+@pytest.mark.mpi
+def test_latency_probe_agrees_on_every_rank(comm):
+    latency = auto.probe_latency(comm)
+    assert comm.allgather(latency) == [latency] * comm.size
+    assert latency >= 0 and (comm.size > 1 or latency == 0)
+
+
 # ------------------------------------------------------------------ collectives
 def _pair(comm, codec, algorithm, seg, collective="allreduce", n=1009, key=None):
     c = ccl.Communicator(comm, codec=codec, algorithm=algorithm, min_compress_bytes=0,

@@ -15,11 +15,13 @@ compares two estimates with a deliberately simple cost model
   other ranks of its node gets that share of them
   (:func:`ccl.threads.fair_share`).
 
-It compresses when the estimate wins by :data:`MARGIN`. Every term is
-proportional to the size, so the decision does not depend on it (above
-:data:`MIN_COMPRESS_BYTES`, where latency, not bandwidth, costs): the pieces
-of a partitioned tensor and the buckets of an optimizer are decided as the
-whole tensor would be.
+It compresses when the estimate wins by :data:`MARGIN`. The bandwidth terms
+are proportional to the size; one term is not: each sequential step of
+messages of the compressing algorithm costs the point-to-point latency
+measured once per communicator (:func:`probe_latency`), so messages too
+small to earn it back go uncompressed (on ranks that share cores a step
+can cost milliseconds). A partitioned tensor is decided once, as a whole,
+and its pieces all run that decision.
 
 The link speed comes from ``link_gbps=`` (``Communicator``), else
 ``CCL_LINK_GBPS``, else it is **measured** once per communicator, the first
@@ -33,7 +35,8 @@ import time
 
 import numpy as np
 
-__all__ = ["choose", "fitting", "estimate", "needs_link", "probe_link_gbps",
+__all__ = ["choose", "fitting", "estimate", "needs_link", "probe_link_gbps", "probe_latency",
+           "rounds",
            "MIN_COMPRESS_BYTES", "TREE_MAX_BYTES", "MARGIN"]
 
 #: Below this many bytes per rank, latency dominates: send uncompressed with MPI.
@@ -98,8 +101,63 @@ def probe_link_gbps(comm):
     return 2 * (p - 1) / p * n * 4 * 8 / max(float(slowest[0]), 1e-9) / 1e9
 
 
+#: Point-to-point rounds the latency probe times (the best of them counts).
+PROBE_LATENCY_ROUNDS = 5
+
+
+def probe_latency(comm):
+    """Measure one round of point-to-point messages around the ring, identically on every rank.
+
+    Every rank sends a byte to its right neighbour and receives one from its
+    left, :data:`PROBE_LATENCY_ROUNDS` times; the slowest rank's best round
+    is the answer. That is the cost a compressing algorithm pays per
+    sequential step of messages, beyond their bytes: the library's
+    point-to-point latency, and on ranks that share cores the wait for a
+    neighbour to be scheduled (milliseconds where the MPI library's own
+    allreduce over shared memory takes microseconds). Collective.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+        The communicator (ccl passes its private duplicate).
+
+    Returns
+    -------
+    float
+        Seconds (0.0 on one rank).
+    """
+    from mpi4py import MPI
+
+    p, r = comm.Get_size(), comm.Get_rank()
+    if p == 1:
+        return 0.0
+    out, into = np.zeros(1, np.uint8), np.empty(1, np.uint8)
+    best = math.inf
+    for _ in range(PROBE_LATENCY_ROUNDS):
+        comm.Barrier()
+        start = time.perf_counter()
+        comm.Sendrecv([out, MPI.BYTE], (r + 1) % p, 0, [into, MPI.BYTE], (r - 1) % p, 0)
+        best = min(best, time.perf_counter() - start)
+    slowest = np.empty(1)
+    comm.Allreduce(np.array([best]), slowest, op=MPI.MAX)
+    return float(slowest[0])
+
+
+def rounds(algorithm, size):
+    """Sequential steps of messages of ``algorithm`` at ``size`` ranks (for the latency term).
+
+    >>> rounds("ring", 4), rounds("direct", 4), rounds("tree", 4), rounds("allgather", 4)
+    (6, 2, 4, 2)
+    """
+    if size <= 1:
+        return 0
+    log = math.ceil(math.log2(size))
+    return {"ring": 2 * (size - 1), "direct": 2, "tree": 2 * log, "allgather": log}.get(
+        algorithm, 2 * (size - 1))
+
+
 def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelined=True,
-             cores=1.0):
+             cores=1.0, latency=0.0):
     """Estimated seconds of ``MPI_Allreduce`` and of a compressed allreduce.
 
     Parameters
@@ -120,6 +178,10 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
     cores : float
         The rank's share of its node's cores; the codec runs that much slower
         when it is below 1.
+    latency : float
+        Seconds per sequential step of messages (:func:`probe_latency`); the
+        compressing algorithm pays it :func:`rounds` times. ``MPI_Allreduce``
+        is taken to pay none (its latency is in its measured link speed).
 
     Returns
     -------
@@ -135,8 +197,8 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
     if algorithm == "allgather":
         wire, encodes, decodes = (p - 1) * payload, 1.0, float(p)
     elif algorithm == "tree":  # log2(p) rounds up and down, each a whole payload
-        rounds = math.ceil(math.log2(p)) if p > 1 else 0
-        wire, encodes, decodes = 2 * rounds * payload, float(rounds + 1), float(rounds + 1)
+        levels = math.ceil(math.log2(p)) if p > 1 else 0
+        wire, encodes, decodes = 2 * levels * payload, float(levels + 1), float(levels + 1)
     else:  # ring and direct: every element encoded about once, decoded (2p-1)/p times
         wire, encodes, decodes = 2 * (p - 1) / p * payload, (p + 1) / p, (2 * p - 1) / p
     # the speeds are GB/s of float32 input, i.e. per 4 bytes of elements
@@ -145,7 +207,7 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
     wire_s = wire / rate
     overlap = pipelined and algorithm in ("ring", "direct")
     busy = max(wire_s, codec_s) + 0.25 * min(wire_s, codec_s) if overlap else wire_s + codec_s
-    return t_mpi, busy
+    return t_mpi, busy + rounds(algorithm, p) * latency
 
 
 def needs_link(codec, nbytes, size, dtype, collective="allreduce"):
@@ -162,7 +224,7 @@ def needs_link(codec, nbytes, size, dtype, collective="allreduce"):
 
 
 def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
-           pipelined=True, cores=1.0):
+           pipelined=True, cores=1.0, latency=0.0):
     """Return the algorithm name ``auto`` resolves to.
 
     Parameters
@@ -183,6 +245,8 @@ def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
         Whether ring and direct run pipelined (segments), for the estimate.
     cores : float
         The rank's share of its node's cores (agreed: the smallest share).
+    latency : float
+        Seconds per sequential step of messages (agreed, :func:`probe_latency`).
 
     Returns
     -------
@@ -208,7 +272,7 @@ def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
         if link_gbps is None or link_gbps == "probe" or math.isinf(link_gbps):
             return "mpi"  # no network known to be slower than the codecs
         t_mpi, t_codec = estimate(codec, nbytes, size, link_gbps, dtype.itemsize,
-                                  pipelined=pipelined, cores=cores)
+                                  pipelined=pipelined, cores=cores, latency=latency)
         if t_codec * MARGIN > t_mpi:
             return "mpi"
     if codec.homomorphic and nbytes < TREE_MAX_BYTES:

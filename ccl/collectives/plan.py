@@ -153,20 +153,28 @@ class Request:
         algorithm, codec = self.options.algorithm, self.codec
         nbytes, dtype = self.x.nbytes, self.x.dtype
         if algorithm == "auto":
-            cores, nodes = 1.0, None
+            cores, nodes, latency = 1.0, None, 0.0
             if auto.needs_link(codec, nbytes, channel.size, dtype, self.collective):
                 # every rank reaches this point alike (the decision's inputs were agreed)
                 if self.link_gbps in (None, "probe"):
                     self.link_gbps = probed_link_gbps(channel)
                 cores, nodes = channel_budget(channel)[1], channel.topology()
+                latency = probed_latency(channel)
             algorithm = auto.choose(codec, nbytes, channel.size, dtype, self.collective,
-                                    self.link_gbps, bool(self.segment_bytes), cores)
+                                    self.link_gbps, bool(self.segment_bytes), cores, latency)
             if algorithm != "mpi" and nodes is not None and nodes.uniform \
                     and 1 < len(nodes.node_sizes) < channel.size:
                 self.cross, algorithm = algorithm, "hierarchical"
         if algorithm == "hierarchical" and self.cross is None:
             self.cross = self.options.cross_algorithm or auto.fitting(codec)
         return algorithm
+
+
+def probed_latency(channel):
+    """The point-to-point latency of ``channel``'s communicator, measured once (collective)."""
+    if channel.probed_latency is None:
+        channel.probed_latency = auto.probe_latency(channel.comm)
+    return channel.probed_latency
 
 
 def probed_link_gbps(channel):
