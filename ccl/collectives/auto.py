@@ -109,7 +109,7 @@ def probe_latency(comm):
     """Measure one round of point-to-point messages around the ring, identically on every rank.
 
     Every rank sends a byte to its right neighbour and receives one from its
-    left, :data:`PROBE_LATENCY_ROUNDS` times; the slowest rank's best round
+    left, ``PROBE_LATENCY_ROUNDS`` times; the slowest rank's best round
     is the answer. That is the cost a compressing algorithm pays per
     sequential step of messages, beyond their bytes: the library's
     point-to-point latency, and on ranks that share cores the wait for a
