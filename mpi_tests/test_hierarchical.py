@@ -90,6 +90,9 @@ def test_auto_picks_hierarchical_on_nodes_of_several_ranks(comm, monkeypatch):
         y = c.allreduce(rank_input(comm.rank, 1 << 17), key="g")
         assert_same_on_all_ranks(comm, y)
         assert c.stats()["algorithms"] == {"hierarchical": 1}
+        # the bytes sent inside the node and across are the call's: at least this rank's
+        # share of the node's uncompressed reduce-scatter (half of 512 KB, nodes of two)
+        assert c.stats()["bytes_sent"] >= (1 << 17) * 4 // 2
     finally:
         mine.Free()
 
