@@ -19,9 +19,8 @@ It compresses when the estimate wins by :data:`MARGIN`. The bandwidth terms
 are proportional to the size; one term is not: each sequential step of
 messages of the compressing algorithm costs the point-to-point latency
 measured once per communicator (:func:`probe_latency`), so messages too
-small to earn it back go uncompressed (on ranks that share cores a step
-can cost milliseconds). A partitioned tensor is decided once, as a whole,
-and its pieces all run that decision.
+small to earn it back go uncompressed. A partitioned tensor is decided
+once, as a whole, and its pieces all run that decision.
 
 The link speed comes from ``link_gbps=`` (``Communicator``), else
 ``CCL_LINK_GBPS``, else it is **measured** once per communicator, the first
@@ -109,12 +108,12 @@ def probe_latency(comm):
     """Measure one round of point-to-point messages around the ring, identically on every rank.
 
     Every rank sends a byte to its right neighbour and receives one from its
-    left, ``PROBE_LATENCY_ROUNDS`` times; the slowest rank's best round
-    is the answer. That is the cost a compressing algorithm pays per
-    sequential step of messages, beyond their bytes: the library's
-    point-to-point latency, and on ranks that share cores the wait for a
-    neighbour to be scheduled (milliseconds where the MPI library's own
-    allreduce over shared memory takes microseconds). Collective.
+    left, ``PROBE_LATENCY_ROUNDS`` times, every round after a barrier; the
+    slowest rank's best round is the answer: the library's point-to-point
+    latency, which a compressing algorithm pays per sequential step of
+    messages beyond their bytes. It does not see what ranks that share
+    cores pay on top (a step waits for its neighbour to be scheduled, up to
+    milliseconds), since the barrier wakes every rank first. Collective.
 
     Parameters
     ----------
