@@ -186,13 +186,27 @@ def test_lm_runs_every_method_on_stdlib_text(tmp_path):
                     "--text-bytes", "40000", "--d-model", "16", "--codecs", "onebit",
                     "--json", str(path), "--plot", str(png)]) == 0
     rows = {r["method"]: r for r in json.loads(path.read_text())["rows"]}
-    assert list(rows) == ["adamw", "do/onebit", "cadam/onebit", "ddp/powersgd"]
+    assert list(rows) == ["adamw", "do/onebit", "cadam/onebit", "ddp/adamw", "ddp/powersgd"]
     for row in rows.values():
         assert row["curve"]["step"] == [0, 2, 3]
         assert all(0 < loss < math.inf for loss in row["curve"]["val_loss"])
+    # one rank: DDP's AdamW takes exact AdamW's steps, so it reaches its loss at the end
+    assert rows["ddp/adamw"]["final_val_loss"] == pytest.approx(rows["adamw"]["final_val_loss"],
+                                                              rel=1e-5)
+    reach = rows["adamw"]["seconds_to_adamw_loss"]
+    assert reach == rows["adamw"]["train_seconds"]
+    assert rows["adamw"]["vs_ddp_adamw_time"] == reach / rows["ddp/adamw"]["train_seconds"]
     # two updates of exact AdamW (a one-step warm-up leaves CompressedAdam's variance rough)
     assert rows["adamw"]["final_val_loss"] < rows["adamw"]["curve"]["val_loss"][0]
     assert rows["adamw"]["bytes_per_step"] == 0 and png.stat().st_size > 0
+
+
+def test_lm_time_to_a_loss_interpolates_between_evaluations():
+    from ccl.bench.lm import seconds_to
+
+    curve = {"seconds": [0.0, 10.0, 20.0], "val_loss": [4.0, 3.0, 2.0]}
+    assert seconds_to(curve, 2.5) == 15.0 and seconds_to(curve, 3.0) == 10.0
+    assert seconds_to(curve, 4.5) == 0.0 and seconds_to(curve, 1.9) is None
 
 
 def test_decode_reencode_variant_is_thc_but_not_homomorphic():

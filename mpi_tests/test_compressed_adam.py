@@ -182,6 +182,62 @@ def test_parameter_without_gradient_counts_as_zero(hvd, comm):
     assert torch.equal(extra.detach(), torch.ones(4))  # zero momentum, no weight decay
 
 
+
+@pytest.mark.parametrize("warmup_steps", [1, 5])  # compressed momenta, exact gradients
+def test_reductions_start_during_backward(hvd, comm, warmup_steps):
+    model = make_model()
+    opt = adam(model, warmup_steps=warmup_steps, fusion_threshold_bytes=0)
+    train(model, opt, hvd.rank(), 1)
+    seen = []
+    # Runs after the optimizer's own hook of the first layer's weight, whose gradient
+    # backward computes last: the last layer's buckets must have started by then.
+    model[0].weight.register_post_accumulate_grad_hook(
+        lambda p: seen.append(opt.communication_stats()["reductions"]))
+    started = opt.communication_stats()["reductions"]
+    opt.zero_grad()
+    loss_of(model, hvd.rank(), 1).backward()
+    assert seen and seen[0] - started >= 3  # 2.bias, 2.weight, 0.bias started before
+    assert opt.communication_stats()["reductions"] - started == 4
+    opt.step()
+    assert opt.communication_stats()["reductions"] - started == 4
+    assert_same_on_all_ranks(comm, flat(model.parameters()))
+
+
+def test_gradient_accumulation_over_backward_passes(hvd):
+    model, reference = make_model(), make_model()
+    opt = adam(model, backward_passes_per_step=2, warmup_steps=10)
+    ref_opt = adam(reference, warmup_steps=10)
+    for step in range(3):
+        opt.zero_grad()
+        for half in (0, 1):  # the loss's two halves, one backward pass each
+            (loss_of(model, hvd.rank(), step) / 2).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        loss_of(reference, hvd.rank(), step).backward()
+        ref_opt.step()
+        np.testing.assert_allclose(flat(model.parameters()), flat(reference.parameters()),
+                                   rtol=1e-5, atol=1e-6)
+    opt.zero_grad()
+    for _ in range(2):
+        loss_of(model, hvd.rank(), 9).backward()
+    with pytest.raises(RuntimeError, match="backward_passes_per_step"):
+        loss_of(model, hvd.rank(), 9).backward()  # a third pass before step(): refused
+    opt.step()
+
+
+def test_state_and_groups_are_refused_mid_step(hvd):
+    model = make_model()
+    opt = adam(model)
+    train(model, opt, hvd.rank(), 1)
+    state = opt.state_dict()
+    loss_of(model, hvd.rank(), 1).backward()
+    with pytest.raises(RuntimeError, match="between backward"):
+        opt.load_state_dict(state)
+    opt.step()
+    opt.load_state_dict(state)  # between steps it loads
+    with pytest.raises(RuntimeError, match="construction"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(3))]})
+
 # ------------------------------------------------------------------ lr-corrected EF
 def _residuals(communicator, key):
     state = communicator.feedback.get(key)

@@ -21,23 +21,28 @@ in the same run:
 - ``cadam/<codec>``: :class:`ccl.torch.CompressedAdam` with that codec
   (exact warm-up of ``--warmup`` steps, then the momentum compressed and the
   variance frozen);
-- ``ddp/powersgd``: ``DistributedDataParallel`` (gloo) with PowerSGD's comm
-  hook (rank ``--powersgd-rank``, uncompressed for the first ``--warmup``
-  steps) and AdamW.
+- ``ddp/adamw``, ``ddp/powersgd``: ``DistributedDataParallel`` (gloo) with
+  AdamW, with no communication hook and with PowerSGD's (rank
+  ``--powersgd-rank``, uncompressed for the first ``--warmup`` steps).
 
 Compressed methods use the algorithm that fits each codec
 (:func:`ccl.collectives.auto.fitting`). Reported per method: validation loss
 against steps and against training wall time (the slowest rank's, evaluation
-excluded), and the payload bytes rank 0 sent per step (ccl's own count; the
-MPI library's ``Allreduce`` counted as a ring moves it), overall and after
-the warm-up. DDP's bytes are not counted (``-``).
+excluded), the training time at which it first reaches exact AdamW's final
+validation loss (linear between evaluations) and that time over
+``ddp/adamw``'s whole training time, and the payload bytes rank 0 sent per
+step (ccl's own count; the MPI library's ``Allreduce`` counted as a ring
+moves it), overall and after the warm-up. DDP's bytes are not counted
+(``-``).
+
+Under the emulated cluster (``python -m ccl.bench.cluster ... --``) each rank
+has a network namespace of its own; gloo then rendezvouses on rank 0's
+address (:func:`ccl.bench.train_methods.init_gloo`).
 """
 
 import argparse
 import json
 import math
-import os
-import socket
 import sys
 import sysconfig
 import time
@@ -49,6 +54,8 @@ from mpi4py import MPI
 import ccl
 from ccl.codecs import get_codec, registered_codecs
 from ccl.collectives.auto import fitting
+
+from .train_methods import set_torch_threads
 
 METHODS = ("adamw", "do", "cadam", "ddp")
 DEFAULT_CODECS = ("onebit", "3lc", "topk", "sidco", "dgc", "thc")
@@ -252,44 +259,75 @@ def run_ccl(comm, methods, specs, data, args):
 
 
 def run_ddp(comm, data, args):
-    """AdamW under DDP (gloo) with PowerSGD's comm hook."""
+    """AdamW under DDP (gloo): no communication hook, then PowerSGD's."""
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-    port = None
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(comm.bcast(port)))
-    dist.init_process_group("gloo", init_method="env://", rank=comm.rank,
-                            world_size=comm.size)
+    from .train_methods import init_gloo
+
+    init_gloo(comm)
+    rows = []
     try:
-        model = torch.nn.parallel.DistributedDataParallel(make_model(args))
-        state = powerSGD_hook.PowerSGDState(
-            process_group=None, matrix_approximation_rank=args.powersgd_rank,
-            start_powerSGD_iter=max(2, args.warmup))
-        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98),
-                                weight_decay=args.weight_decay)
-        return [train(comm, "ddp/powersgd", model, opt, data, args)]
+        for hook in ("adamw", "powersgd"):
+            model = torch.nn.parallel.DistributedDataParallel(make_model(args))
+            if hook == "powersgd":
+                state = powerSGD_hook.PowerSGDState(
+                    process_group=None, matrix_approximation_rank=args.powersgd_rank,
+                    start_powerSGD_iter=max(2, args.warmup))
+                model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+            opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98),
+                                    weight_decay=args.weight_decay)
+            rows.append(train(comm, f"ddp/{hook}", model, opt, data, args))
     finally:
         dist.destroy_process_group()
+    return rows
+
+
+def seconds_to(curve, loss):
+    """Training seconds at which ``curve`` first reaches ``loss`` (linear between evaluations).
+
+    Returns
+    -------
+    float or None
+        None if the curve never gets that low.
+    """
+    points = list(zip(curve["seconds"], curve["val_loss"]))
+    if points and points[0][1] <= loss:
+        return points[0][0]
+    for (t0, l0), (t1, l1) in zip(points, points[1:]):
+        if l1 <= loss:  # l0 > loss >= l1
+            return t0 + (t1 - t0) * (l0 - loss) / (l0 - l1)
+    return None
+
+
+def add_time_to_target(rows):
+    """Per row: seconds to exact AdamW's final loss, and that over DDP-AdamW's training time."""
+    exact = next((r for r in rows if r["method"] == "adamw"), None)
+    ddp = next((r for r in rows if r["method"] == "ddp/adamw"), None)
+    for r in rows:
+        r["seconds_to_adamw_loss"] = None if exact is None else \
+            seconds_to(r["curve"], exact["final_val_loss"])
+        r["vs_ddp_adamw_time"] = None if ddp is None or r["seconds_to_adamw_loss"] is None \
+            else r["seconds_to_adamw_loss"] / ddp["train_seconds"]
 
 
 def table(rows):
     """Text table of the rows, with losses and bytes relative to exact AdamW where it ran."""
     exact = next((r for r in rows if r["method"] == "adamw"), None)
     lines = [f"{'method':<14} {'val loss':>8} {'vs adamw':>8} {'train s':>8} "
+             f"{'to adamw loss s':>15} {'vs ddp/adamw':>12} "
              f"{'KB/step':>8} {'KB/step after warm-up':>21} {'fewer bytes':>11}"]
     for r in rows:
         ratio = "-" if exact is None else f"{r['final_val_loss'] / exact['final_val_loss']:.3f}"
         per, after = r["bytes_per_step"], r["bytes_per_step_after_warmup"]
         fewer = "-" if exact is None or not after else \
             f"{exact['bytes_per_step_after_warmup'] / after:.1f}x"
+        reach, vs = r.get("seconds_to_adamw_loss"), r.get("vs_ddp_adamw_time")
         lines.append(f"{r['method']:<14} {r['final_val_loss']:8.4f} {ratio:>8} "
                      f"{r['train_seconds']:8.1f} "
+                     f"{'-' if reach is None else f'{reach:.1f}':>15} "
+                     f"{'-' if vs is None else f'{vs:.2f}x':>12} "
                      f"{'-' if per is None else f'{per / 1e3:.1f}':>8} "
                      f"{'-' if after is None else f'{after / 1e3:.1f}':>21} {fewer:>11}")
     return "\n".join(lines)
@@ -304,7 +342,7 @@ def plot(rows, path, title):
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for r in rows:
-        style = {"adamw": "k-", "ddp/powersgd": "m:"}.get(
+        style = {"adamw": "k-", "ddp/adamw": "c:", "ddp/powersgd": "m:"}.get(
             r["method"], "-" if r["method"].startswith("cadam") else "--")
         axes[0].plot(r["curve"]["step"], r["curve"]["val_loss"], style, label=r["method"])
         axes[1].plot(r["curve"]["seconds"], r["curve"]["val_loss"], style, label=r["method"])
@@ -363,9 +401,7 @@ def main(argv=None):
     import torch
 
     comm = MPI.COMM_WORLD
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local.size))
-    local.Free()
+    set_torch_threads(comm)
     specs = [c for c in args.codecs if c in registered_codecs()]
     notes = [f"codec {c!r} skipped: not registered" for c in args.codecs if c not in specs]
     ccl.warmup(specs)
@@ -382,6 +418,7 @@ def main(argv=None):
     rows = run_ccl(comm, args.methods, specs, data, args)
     if "ddp" in args.methods:
         rows += run_ddp(comm, data, args)
+    add_time_to_target(rows)
     if comm.rank == 0:
         print(table(rows))
         print(f"({title}; AdamW lr {args.lr} cosine to 10%, warm-up {args.warmup} steps, "

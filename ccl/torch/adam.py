@@ -33,6 +33,10 @@ momenta are fused too, as 1-bit Adam does, into buckets of consecutive
 parameters of one group and dtype of at most ``fusion_threshold_bytes``,
 one keyed allreduce each: fewer collectives, at the price of codec scales
 shared by neighbouring layers (error feedback makes up the difference).
+
+The reductions overlap backward (``ccl.torch.momentum``): a gradient hook
+folds each parameter's final gradient into its local momentum and starts its
+bucket's allreduce in the background once the bucket is complete.
 """
 
 import warnings
@@ -42,11 +46,12 @@ import numpy as np
 import torch
 
 from ..agreement import agree
-from ..api import Communicator
 from ..codecs import get_codec
 from ..collectives import ALGORITHM_NAMES
 from ..collectives.auto import MIN_COMPRESS_BYTES
-from .functions import from_array, to_array
+from .buckets import named_params
+from .functions import to_numpy_tree, to_torch_tree
+from .momentum import MomentumReducer
 from .runtime import current
 
 __all__ = ["CompressedAdam"]
@@ -75,52 +80,18 @@ def _check_group(group):
     _check_number("weight_decay", group["weight_decay"], 0.0)
 
 
-def _names(param_groups, named_parameters):
-    """``{param: name}`` of the trainable parameters; names fix keys and order."""
-    trainable = [p for group in param_groups for p in group["params"] if p.requires_grad]
-    if named_parameters is None:
-        return {p: f"group{g}.param{i}" for g, group in enumerate(param_groups)
-                for i, p in enumerate(group["params"]) if p.requires_grad}
-    names, taken = {}, set()
-    for item in named_parameters:
-        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], torch.Tensor)):
-            raise ValueError("named_parameters should hold (name, parameter) pairs, usually "
-                             f"model.named_parameters(); got a {type(item).__name__}")
-        name, p = item
-        if name in taken or p in names:
-            raise ValueError(f"named_parameters names {name!r} twice, or names one "
-                             "parameter twice: pass model.named_parameters()")
-        taken.add(name)
-        names[p] = name
-    missing = [tuple(p.shape) for p in trainable if p not in names]
-    if missing:
-        raise ValueError(f"{len(missing)} parameter(s) (shapes {missing[:5]}) are not in "
-                         "named_parameters: pass the named parameters of the whole model, "
-                         "or leave named_parameters out")
-    return {p: names[p] for p in trainable}
-
-
-def _convert(obj, kind, fn):
-    """Apply ``fn`` to every ``kind`` leaf of nested dicts, lists and tuples."""
-    if isinstance(obj, kind):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return {k: _convert(v, kind, fn) for k, v in obj.items()}
-    if type(obj) in (list, tuple):
-        return type(obj)(_convert(v, kind, fn) for v in obj)
-    return obj
-
-
 class CompressedAdam(torch.optim.Optimizer):
     """AdamW that averages its momentum compressed after a warm-up, variance frozen (collective).
 
     A 1-bit-Adam-style optimizer: it communicates by itself (do not wrap it in
-    :func:`~ccl.torch.DistributedOptimizer`). :meth:`step` averages over all
-    ranks: during the first ``warmup_steps`` steps the gradients,
-    uncompressed (exact AdamW); then the momenta, compressed with ``codec``
-    and error feedback, while the variance stays frozen. See the module
-    docstring (:mod:`ccl.torch.adam`) for the update.
+    :func:`~ccl.torch.DistributedOptimizer`). It averages over all ranks:
+    during the first ``warmup_steps`` steps the gradients, uncompressed
+    (exact AdamW); then the momenta, compressed with ``codec`` and error
+    feedback, while the variance stays frozen. As in
+    ``DistributedOptimizer``, a bucket's reduction starts during backward,
+    in a background thread, as soon as its gradients are final;
+    :meth:`step` waits for them. See the module docstring
+    (:mod:`ccl.torch.adam`) for the update.
 
     Parameters
     ----------
@@ -164,6 +135,10 @@ class CompressedAdam(torch.optim.Optimizer):
     fusion_threshold_bytes : int
         Compressed momenta are reduced in buckets of at most this many
         bytes (default 64 MiB; 0: one allreduce per parameter).
+    backward_passes_per_step : int
+        Backward passes whose gradients accumulate locally before each
+        :meth:`step` (gradient accumulation), >= 1. A bucket's reduction
+        starts inside the last of them, once its gradients are final.
 
     Raises
     ------
@@ -180,7 +155,11 @@ class CompressedAdam(torch.optim.Optimizer):
     without a gradient on a rank contributes zeros there (unlike
     ``torch.optim.AdamW``, which skips it): all ranks take part in every
     allreduce. :meth:`state_dict` holds the moments, the step and this
-    rank's residuals; loading it at another world size raises.
+    rank's residuals; loading it at another world size raises. Call
+    :meth:`state_dict` and :meth:`load_state_dict` between steps, not
+    between ``backward()`` and :meth:`step` (the momenta are being
+    reduced then: loading raises ``RuntimeError``). The parameters are fixed
+    at construction: ``add_param_group`` afterwards raises.
 
     Examples
     --------
@@ -198,7 +177,7 @@ class CompressedAdam(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
                  named_parameters=None, codec="onebit", algorithm="auto", warmup_steps=100,
                  lr_corrected=False, min_compress_bytes=MIN_COMPRESS_BYTES,
-                 fusion_threshold_bytes=64 * 1024 * 1024):
+                 fusion_threshold_bytes=64 * 1024 * 1024, backward_passes_per_step=1):
         runtime = current()
         error, signature = None, None
         try:
@@ -206,17 +185,21 @@ class CompressedAdam(torch.optim.Optimizer):
             _check_group(defaults)
             super().__init__(params, defaults)
             signature = self._plan(named_parameters, codec, algorithm, warmup_steps,
-                                   lr_corrected, min_compress_bytes, fusion_threshold_bytes)
+                                   lr_corrected, min_compress_bytes, fusion_threshold_bytes,
+                                   backward_passes_per_step)
         except (TypeError, ValueError) as exc:
             error = exc
         agree(runtime.comm, "CompressedAdam", [("arguments", signature)], error)
         self.rank, self.size = runtime.rank, runtime.size
-        self.communicator = Communicator(runtime.comm, self.codec, algorithm, op="mean",
-                                         min_compress_bytes=0, lr_corrected=lr_corrected)
-        self.steps = self.reductions = 0
+        self.steps, self._groups = 0, None
+        self.reducer = MomentumReducer(self, runtime, self.buckets,
+                                       [self.names[b[0]] for b in self.buckets],
+                                       backward_passes_per_step, self.codec, algorithm,
+                                       lr_corrected)
+        self.communicator = self.reducer.engine.communicator
 
     def _plan(self, named_parameters, codec, algorithm, warmup_steps, lr_corrected,
-              min_compress_bytes, fusion_threshold_bytes):
+              min_compress_bytes, fusion_threshold_bytes, passes):
         """Validate the options and fix the parameters' order; return the signature."""
         for group in self.param_groups:
             _check_group(group)
@@ -225,16 +208,17 @@ class CompressedAdam(torch.optim.Optimizer):
                              f"got {algorithm!r}")
         for name, value, low in (("warmup_steps", warmup_steps, 1),
                                  ("min_compress_bytes", min_compress_bytes, 0),
-                                 ("fusion_threshold_bytes", fusion_threshold_bytes, 0)):
+                                 ("fusion_threshold_bytes", fusion_threshold_bytes, 0),
+                                 ("backward_passes_per_step", passes, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if not isinstance(lr_corrected, bool):
             raise TypeError(f"lr_corrected must be True or False, got {lr_corrected!r}")
         self.codec = get_codec(codec)
         self.warmup_steps, self.min_compress = warmup_steps, min_compress_bytes
-        names = _names(self.param_groups, named_parameters)
-        self.params = list(names)  # registration order: the same on every rank
-        self.names = [names[p] for p in self.params]
+        self.lr_corrected = lr_corrected
+        named = named_params(self, named_parameters)  # the same order on every rank
+        self.names, self.params = [n for n, _ in named], [p for _, p in named]
         self.compressed = []
         for name, p in zip(self.names, self.params):
             if p.dtype not in _DTYPES or p.layout != torch.strided:
@@ -253,7 +237,7 @@ class CompressedAdam(torch.optim.Optimizer):
         groups = [(repr(g["lr"]), tuple(g["betas"]), g["eps"], g["weight_decay"])
                   for g in self.param_groups]
         return (layout, groups, self.codec.get_config(), algorithm, warmup_steps,
-                lr_corrected, min_compress_bytes, self.buckets)
+                lr_corrected, min_compress_bytes, self.buckets, passes)
 
     def _fuse(self, threshold):
         """Buckets of compressed parameters: consecutive, one group and dtype, <= threshold."""
@@ -272,40 +256,82 @@ class CompressedAdam(torch.optim.Optimizer):
         return buckets
 
     # ----------------------------------------------------------------- the step
-    def _exact_mean(self, tensors):
-        """Average ``tensors`` over the ranks in place, uncompressed, one Allreduce per dtype."""
-        for dtype in _DTYPES:
-            group = [t for t in tensors if t.dtype == dtype]
-            if group:
-                self._average(group, codec="none", algorithm="mpi")
+    def in_warmup(self):
+        """Whether the coming step is a warm-up step (exact AdamW).
 
-    def _average(self, tensors, **call):
-        """Replace ``tensors`` (one dtype) by their mean over the ranks: one allreduce."""
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        mean = from_array(self.communicator.allreduce(to_array(flat), **call), like=flat)
-        offset = 0
-        for t in tensors:
-            t.copy_(mean[offset:offset + t.numel()].view(t.shape))
-            offset += t.numel()
-        self.reductions += 1
+        Returns
+        -------
+        bool
+        """
+        return self.steps < self.warmup_steps
 
-    def _moments(self):
-        """Each parameter's (gradient, momentum, variance), state created on first use."""
-        out = []
-        for p in self.params:
-            state = self.state[p]
-            if not state:
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            grad = torch.zeros_like(p) if p.grad is None else p.grad
-            if grad.is_sparse:  # densified rather than refused: raising here on one rank
-                grad = grad.to_dense()  # would leave the others in the allreduce
-            out.append((grad, state["exp_avg"], state["exp_avg_sq"]))
-        return out
+    def group_of(self, p):
+        """The parameter group of ``p`` (looked up again after ``load_state_dict``).
+
+        Parameters
+        ----------
+        p : torch.Tensor
+            One of the optimizer's parameters.
+
+        Returns
+        -------
+        dict
+        """
+        if self._groups is None:
+            self._groups = {q: group for group in self.param_groups for q in group["params"]}
+        return self._groups[p]
+
+    def lr_of(self, p):
+        """The lr of ``p``'s group for lr-corrected error feedback.
+
+        Parameters
+        ----------
+        p : torch.Tensor
+            One of the optimizer's parameters.
+
+        Returns
+        -------
+        float or None
+            None when the error feedback is not lr-corrected (or the rate is
+            not finite).
+        """
+        lr = float(self.group_of(p)["lr"])
+        return lr if self.lr_corrected and 0 <= lr < float("inf") else None
+
+    def fold(self, p):
+        """What ``p`` sends this step: its gradient (warm-up) or its updated local momentum.
+
+        Called once per step and parameter, by the gradient hook or by
+        :meth:`step` (a parameter without a gradient counts as zeros).
+
+        Parameters
+        ----------
+        p : torch.Tensor
+            One of the optimizer's parameters, its gradient final for the step.
+
+        Returns
+        -------
+        torch.Tensor
+            The gradient, or the momentum ``m = beta1 m + (1 - beta1) g``
+            updated in place.
+        """
+        state = self.state[p]
+        if not state:
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        grad = torch.zeros_like(p) if p.grad is None else p.grad
+        if grad.is_sparse:  # densified rather than refused: raising here on one rank
+            grad = grad.to_dense()  # would leave the others in the allreduce
+        if self.in_warmup():
+            return grad
+        return state["exp_avg"].lerp_(grad, 1 - self.group_of(p)["betas"][0])
 
     @torch.no_grad()
     def step(self, closure=None):
         """Average over all ranks and update the parameters (collective).
+
+        The reductions of buckets whose gradients are complete started during
+        backward; this starts the others, waits for all and updates.
 
         Parameters
         ----------
@@ -322,39 +348,46 @@ class CompressedAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        moments = self._moments()
+        warm = self.in_warmup()
+        means = self.reducer.finish()
         self.steps += 1
-        t = self.steps
-        # looked up every step: load_state_dict() replaces the group dicts
-        group_of = {p: group for group in self.param_groups for p in group["params"]}
-        warm = t <= self.warmup_steps
-        if warm:
-            grads = [g.clone() for g, _, _ in moments]
-            self._exact_mean(grads)
-            for (_, m, v), g, p in zip(moments, grads, self.params):
-                beta1, beta2 = group_of[p]["betas"]
-                m.lerp_(g, 1 - beta1)
-                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        else:
-            for (g, m, _), p in zip(moments, self.params):
-                m.lerp_(g, 1 - group_of[p]["betas"][0])  # the local momentum
-            for bucket in self.buckets:
-                self.communicator.set_lr(float(group_of[self.params[bucket[0]]]["lr"]))
-                self._average([moments[i][1] for i in bucket], key=self.names[bucket[0]])
-            self._exact_mean([m for (_, m, _), c in zip(moments, self.compressed) if not c])
-            for _, m, v in moments:
+        t, frozen = self.steps, min(self.steps, self.warmup_steps)
+        for i, mean in means:
+            p = self.params[i]
+            group, state = self.group_of(p), self.state[p]
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            lr, (beta1, beta2) = group["lr"], group["betas"]
+            if warm:  # exact AdamW on the averaged gradient
+                m.lerp_(mean, 1 - beta1)
+                v.mul_(beta2).addcmul_(mean, mean, value=1 - beta2)
+            else:
+                m.copy_(mean)
                 # No variance estimate (no gradient in the whole warm-up): m / eps would be
                 # a huge step, and a codec's scale makes such coordinates' momenta nonzero.
                 m.masked_fill_(v == 0, 0)
-        frozen = min(t, self.warmup_steps)
-        for (_, m, v), p in zip(moments, self.params):
-            group = group_of[p]
-            lr, (beta1, beta2) = group["lr"], group["betas"]
             # AdamW's order of operations (torch's single-tensor path)
             p.mul_(1 - lr * group["weight_decay"])
             denom = (v.sqrt() / (1 - beta2 ** frozen) ** 0.5).add_(group["eps"])
             p.addcdiv_(m, denom, value=-lr / (1 - beta1 ** t))
         return loss
+
+    def add_param_group(self, param_group):
+        """Refused after construction: the buckets and their keys are fixed then.
+
+        Parameters
+        ----------
+        param_group : dict
+            As ``torch.optim.Optimizer.add_param_group``.
+
+        Raises
+        ------
+        RuntimeError
+            Always, once the optimizer is built (make a new ``CompressedAdam``).
+        """
+        if hasattr(self, "reducer"):
+            raise RuntimeError("CompressedAdam fixes its parameters at construction: build "
+                               "it with every parameter group instead of adding one")
+        super().add_param_group(param_group)
 
     # -------------------------------------------------------------------- state
     def state_dict(self):
@@ -370,8 +403,7 @@ class CompressedAdam(torch.optim.Optimizer):
             per rank: save every rank's state dict.
         """
         state = super().state_dict()
-        comm_state = _convert(self.communicator.state_dict(), np.ndarray,
-                              lambda a: torch.from_numpy(np.array(a, copy=True)))
+        comm_state = to_torch_tree(self.communicator.state_dict())
         state["ccl"] = {"version": _STATE_VERSION, "step": self.steps, "rank": self.rank,
                         "size": self.size, "params": self.layout_hash,
                         "communicator": comm_state}
@@ -396,6 +428,10 @@ class CompressedAdam(torch.optim.Optimizer):
             size's chunking: restart the warm-up instead), with other
             parameters or another codec.
         """
+        if self.reducer.pending:
+            raise RuntimeError("load_state_dict() between backward() and step(): the "
+                               "momenta are being reduced. Load it before backward() or "
+                               "after step()")
         state_dict = dict(state_dict)
         ccl_state = state_dict.pop("ccl", None)
         try:
@@ -417,10 +453,10 @@ class CompressedAdam(torch.optim.Optimizer):
             raise ValueError(f"the state was saved with codec {comm_state.get('codec')!r}, "
                              f"this optimizer uses {self.codec.get_config()!r}")
         super().load_state_dict(state_dict)
+        self._groups = None  # torch made new group dicts
         self.steps = int(ccl_state["step"])
         if rank == self.rank:
-            self.communicator.load_state_dict(
-                _convert(comm_state, torch.Tensor, lambda t: t.detach().cpu().numpy().copy()))
+            self.communicator.load_state_dict(to_numpy_tree(comm_state))
         else:
             warnings.warn(f"error-feedback residuals saved by rank {rank} are not loaded on "
                           f"rank {self.rank}: they start from zero. Save state_dict() on "
@@ -442,5 +478,5 @@ class CompressedAdam(torch.optim.Optimizer):
         return {"step": self.steps, "warmup": self.steps < self.warmup_steps,
                 "params": len(self.params), "compressed_params": sum(self.compressed),
                 "buckets": len(self.buckets),
-                "reductions": self.reductions,
+                "reductions": self.reducer.engine.reductions,
                 "bytes_sent": self.communicator.stats()["bytes_sent"]}

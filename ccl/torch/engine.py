@@ -12,7 +12,7 @@ import threading
 from ..api import Communicator
 from .runtime import threads_supported
 
-__all__ = ["Job", "Engine"]
+__all__ = ["Job", "Engine", "release"]
 
 
 class Job:
@@ -136,3 +136,10 @@ class Engine:
         self._inline = []
         self.comm.Free()
 
+
+
+def release(handles, engine):
+    """Remove an owner's gradient hooks and retire its engine (a finalizer: no MPI call)."""
+    for handle in handles:
+        handle.remove()
+    engine.retire()

@@ -21,8 +21,9 @@ from mpi4py import MPI
 
 from ..agreement import agree
 from .buckets import work_dtype
-from .engine import Engine, Job
+from .engine import Engine, Job, release
 from .functions import from_array, to_array, to_numpy_tree, to_torch_tree
+from .hooks import BucketHooks
 
 __all__ = ["Reducer", "STATE_VERSION"]
 
@@ -44,18 +45,13 @@ class _Bucket:
 
 
 
-def _release(handles, engine):
-    for handle in handles:
-        handle.remove()
-    engine.retire()
-
-
-class Reducer:
+class Reducer(BucketHooks):
     """Hooks, buckets and per-step bookkeeping of one DistributedOptimizer."""
 
     def __init__(self, runtime, plan):
         self.plan = plan
         self.params = plan.params
+        self.passes = plan.passes
         self.rank, self.size = runtime.rank, runtime.size
         # The plan already sends small buckets uncompressed; large ones are reduced in
         # partitions with their own residuals (the Communicator's partition_bytes).
@@ -69,11 +65,11 @@ class Reducer:
         self.synced_since_step = False
         self._handles = []
         self._add_buckets(plan.buckets)
-        weakref.finalize(self, _release, self._handles, self.engine)
+        weakref.finalize(self, release, self._handles, self.engine)
 
     def _add_buckets(self, buckets):
         """Flat buffers and gradient hooks for the plan's new ``buckets``."""
-        plan, ref = self.plan, weakref.ref(self)
+        plan = self.plan
         self.bucket_of += [0] * (len(self.params) - len(self.bucket_of))
         self.offset_of += [0] * (len(self.params) - len(self.offset_of))
         for members in buckets:
@@ -91,10 +87,9 @@ class Reducer:
                 # Too small to pay for compression: the MPI library's own Allreduce.
                 bucket.codec, bucket.algorithm, bucket.key = "none", "auto", None
             self.buckets.append(bucket)
-            self._handles += [self.params[i].register_post_accumulate_grad_hook(
-                lambda param, i=i: _hook(ref, i)) for i in members]
+            self._handles += self.hook(members)
         self.layout_hash = zlib.crc32(repr(plan.layout()).encode("utf-8"))
-        self._reset()
+        self.reset()
 
     def extend(self, optimizer, error=None):
         """Reduce the parameters ``add_param_group`` brought too (collective).
@@ -121,32 +116,11 @@ class Reducer:
             raise
         self._add_buckets(buckets)
 
-    def _reset(self):
-        self.remaining = [self.plan.passes] * len(self.params)
-        self.ready = [False] * len(self.params)
-        for bucket in self.buckets:
-            bucket.missing, bucket.job = len(bucket.members), None
-        self.next_launch = 0
-        self.dirty = False  # a hook fired since the last synchronize()
-
     # ------------------------------------------------------------- backward
-    def on_grad(self, i):
-        """A gradient was accumulated into parameter ``i`` (runs inside backward)."""
-        with self.lock:
-            self.dirty = True
-            if self.ready[i]:
-                raise RuntimeError(
-                    f"the gradient of {self.plan.names[i]!r} was computed more than "
-                    f"backward_passes_per_step={self.plan.passes} times before step() or "
-                    "synchronize(); raise backward_passes_per_step to accumulate more "
-                    "backward passes locally")
-            self.remaining[i] -= 1
-            if self.remaining[i] > 0:
-                return
-            self._take(i)
-            self._launch_complete()
+    def param_name(self, i):
+        return self.plan.names[i]
 
-    def _take(self, i):
+    def fill(self, i):
         """Copy parameter ``i``'s gradient (zeros if it has none) into its bucket."""
         p, bucket = self.params[i], self.buckets[self.bucket_of[i]]
         start = self.offset_of[i]
@@ -159,17 +133,9 @@ class Reducer:
                     raise TypeError(f"parameter {self.plan.names[i]!r} got a sparse "
                                     "gradient; DistributedOptimizer reduces dense gradients")
                 view.copy_(p.grad)
-        self.ready[i] = True
-        bucket.missing -= 1
+        return bucket
 
-    def _launch_complete(self):
-        """Start complete buckets, in bucket order, up to the first incomplete one."""
-        while self.next_launch < len(self.buckets) and \
-                self.buckets[self.next_launch].missing == 0:
-            self._launch(self.buckets[self.next_launch])
-            self.next_launch += 1
-
-    def _launch(self, bucket):
+    def launch(self, bucket):
         bucket.job = Job(to_array(bucket.flat), bucket.key, bucket.codec, bucket.algorithm,
                          lr=self.lr_of(bucket))
         self.engine.submit(bucket.job)
@@ -194,8 +160,8 @@ class Reducer:
                     continue  # no rank has a gradient for these: they keep .grad None
                 for i in bucket.members:
                     if not self.ready[i]:
-                        self._take(i)
-                self._launch(bucket)
+                        self.take(i)
+                self.launch(bucket)
             self.next_launch = len(self.buckets)
             launched = [bucket for bucket in self.buckets if bucket.job is not None]
             for bucket in launched:
@@ -203,7 +169,7 @@ class Reducer:
             error = next((b.job.error for b in launched if b.job.error is not None), None)
             if error is None:
                 self._write_back(launched, anywhere)
-            self._reset()
+            self.reset()
         if error is not None:
             raise error
 
@@ -233,10 +199,6 @@ class Reducer:
                     if p.grad is None:
                         p.grad = torch.empty_like(p)
                     p.grad.copy_(values)
-
-    @property
-    def pending(self):
-        return self.dirty or any(bucket.job is not None for bucket in self.buckets)
 
     # ----------------------------------------------------------------- state
     def state_dict(self):
@@ -276,11 +238,4 @@ class Reducer:
 
     def reset_residuals(self):
         self.engine.communicator.feedback.load_state_dict({})
-
-
-def _hook(ref, i):
-    reducer = ref()
-    if reducer is not None:
-        reducer.on_grad(i)
-
 
