@@ -39,6 +39,7 @@ True
 import contextlib
 import hashlib
 import os
+import sys
 
 import numba
 import numpy as np
@@ -169,6 +170,11 @@ def budgeted(threads):
         return
     before = numba.get_num_threads()
     wanted = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
+    # With numba's OpenMP threading layer, set_num_threads sets this thread's OpenMP
+    # count, which torch reads as its own: restoring numba's count would otherwise
+    # hand torch numba's default (one thread per core in every rank).
+    torch = sys.modules.get("torch")
+    torch_before = torch.get_num_threads() if torch is not None else None
     if wanted != before:
         numba.set_num_threads(wanted)
     try:
@@ -176,3 +182,5 @@ def budgeted(threads):
     finally:
         if wanted != before:
             numba.set_num_threads(before)
+            if torch_before is not None and torch.get_num_threads() != torch_before:
+                torch.set_num_threads(torch_before)

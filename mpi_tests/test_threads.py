@@ -49,6 +49,22 @@ def test_budgeted_sets_this_thread_and_restores():
         assert numba.get_num_threads() == before
 
 
+def test_budgeted_leaves_torch_threads_alone():
+    """numba's OpenMP layer shares the thread's OpenMP count with torch: it must survive."""
+    torch = pytest.importorskip("torch")
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs numba's pool to have two threads")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        with threads.budgeted(1):
+            pass
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_budget_of_one_runs_the_serial_kernel():
     @sized_kernel(0)
     def double(x):

@@ -17,9 +17,7 @@ def numba_threads(count):
     """
     import numba
 
-    before = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(count, numba.config.NUMBA_NUM_THREADS)))
-    try:
+    from ccl import threads
+
+    with threads.budgeted(count):
         yield numba.get_num_threads()
-    finally:
-        numba.set_num_threads(before)

@@ -262,25 +262,19 @@ def run_ddp(comm, data, args):
     """AdamW under DDP (gloo): no communication hook, then PowerSGD's."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-    from .train_methods import init_gloo
+    from .train_methods import init_gloo, wrap_ddp
 
-    init_gloo(comm)
     rows = []
-    try:
-        for hook in ("adamw", "powersgd"):
-            model = torch.nn.parallel.DistributedDataParallel(make_model(args))
-            if hook == "powersgd":
-                state = powerSGD_hook.PowerSGDState(
-                    process_group=None, matrix_approximation_rank=args.powersgd_rank,
-                    start_powerSGD_iter=max(2, args.warmup))
-                model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    for hook in ("adamw", "powersgd"):
+        init_gloo(comm)  # a group per method: nothing of one DDP run reaches the next
+        try:
+            model = wrap_ddp(make_model(args), hook, args.powersgd_rank, args.warmup)
             opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98),
                                     weight_decay=args.weight_decay)
             rows.append(train(comm, f"ddp/{hook}", model, opt, data, args))
-    finally:
-        dist.destroy_process_group()
+        finally:
+            dist.destroy_process_group()
     return rows
 
 

@@ -134,6 +134,42 @@ def init_gloo(comm):
     return address
 
 
+def wrap_ddp(model, hook, powersgd_rank=POWERSGD_RANK, powersgd_start=POWERSGD_START):
+    """``model`` in ``DistributedDataParallel`` (gloo), with a communication hook.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    hook : str
+        ``"none"`` (or ``"adamw"``: DDP's own allreduce), ``"fp16"``
+        (``fp16_compress_hook``) or ``"powersgd"``.
+    powersgd_rank, powersgd_start : int
+        PowerSGD's matrix rank and its first compressed iteration (>= 2).
+
+    Returns
+    -------
+    torch.nn.parallel.DistributedDataParallel
+    """
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    # PowerSGD gets all gradients in one bucket: with more buckets than gloo has worker
+    # threads (2), each bucket's callback blocks a thread in a nested wait (allreduce of
+    # P inside the callback of the first allreduce), and the step deadlocks or mismatches
+    cap = None if hook != "powersgd" else sum(p.numel() * p.element_size()
+                                              for p in model.parameters()) / 2**20 + 1
+    model = torch.nn.parallel.DistributedDataParallel(
+        model, **({} if cap is None else {"bucket_cap_mb": cap}))
+    if hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None,
+                                            matrix_approximation_rank=powersgd_rank,
+                                            start_powerSGD_iter=max(2, powersgd_start))
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    return model
+
+
 def build(method, hidden, seed, lr):
     """The model and optimizer of ``method``, from the seed's initial weights.
 
@@ -154,22 +190,7 @@ def build(method, hidden, seed, lr):
     model = mlp(hidden, seed)
     family, _, name = method.partition("/")
     if family == "ddp":
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
-        # PowerSGD gets all gradients in one bucket: with more buckets than gloo has worker
-        # threads (2), each bucket's callback blocks a thread in a nested wait (allreduce of
-        # P inside the callback of the first allreduce), and the step deadlocks
-        cap = None if name != "powersgd" else sum(p.numel() * p.element_size()
-                                                  for p in model.parameters()) / 2**20 + 1
-        model = torch.nn.parallel.DistributedDataParallel(
-            model, **({} if cap is None else {"bucket_cap_mb": cap}))
-        if name == "fp16":
-            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        elif name == "powersgd":
-            state = powerSGD_hook.PowerSGDState(process_group=None,
-                                                matrix_approximation_rank=POWERSGD_RANK,
-                                                start_powerSGD_iter=POWERSGD_START)
-            model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        model = wrap_ddp(model, name)
     import ccl.torch as ct
 
     if family == "hook":
