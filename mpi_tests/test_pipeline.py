@@ -272,6 +272,35 @@ def test_probe_agrees_on_every_rank(comm):
 
 
 # ------------------------------------------------------------------ bench CLI
+def test_steady_input_carries_the_error_feedback_residual():
+    steps = [np.random.default_rng(s).laplace(size=500).astype(np.float32) for s in range(4)]
+    codec = get_codec("onebit")
+    residual = np.zeros(500, np.float32)
+    for g in steps[:-1]:
+        p = g + residual
+        residual = p - codec.decode(codec.encode(p))
+    np.testing.assert_allclose(bench.steady_input(codec, steps), steps[-1] + residual)
+    assert bench.steady_input(get_codec("none"), steps) is not steps[-1]
+    np.testing.assert_array_equal(bench.steady_input(get_codec("none"), steps), steps[-1])
+    refused = get_codec({"id": "dithering", "norm": "l2"})  # refuses error feedback
+    assert bench.steady_input(refused, steps) is steps[-1]
+
+
+@pytest.mark.mpi
+def test_bench_on_gradients_feeds_each_codec_its_steady_input(comm):
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    codecs = [get_codec({"id": "3lc", "s": 1.5}), get_codec("fp16")]
+    rows = bench.run(comm, codecs, ["direct"], [1 << 16], reps=1, warmup=0,
+                     codec_bound=False, data="gradients")
+    assert [r["codec"] for r in rows] == ["MPI_Allreduce", "3lc", "fp16"]
+    assert all(r.get("data", "gradients") == "gradients" for r in rows)
+    # fp16 rounds each value: its error on the steady input stays at fp16's precision
+    assert rows[2]["rel_error"] < 1e-3 and np.isfinite(rows[1]["rel_error"])
+    if comm.size > 1:
+        assert 0 < rows[1]["sent_bytes"] < rows[2]["sent_bytes"]
+
+
 @pytest.mark.mpi
 def test_bench_rows_have_ratio_bounds_and_pipelined_rows(comm):
     codec = get_codec({"id": "3lc", "s": 1.5})

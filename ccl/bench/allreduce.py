@@ -16,6 +16,14 @@ two lower bounds:
 ``bound`` is time / the larger of the two; a perfectly pipelined algorithm
 approaches 1. Ring and direct rows can be repeated for several
 ``--segment-bytes`` (0: unpipelined), to show what pipelining gains.
+
+The data (``--data``): ``gaussian`` (the default) draws standard normal
+values per rank; ``gradients`` feeds every codec what it meets in training
+in steady state: a real gradient plus the error-feedback residual of the
+steps before it (:func:`steady_input`, per codec and rank), repeated up to
+the message size. A codec's bytes depend on the data: 3LC's run-length
+code, for one, compresses Gaussian data far better than gradients plus
+residuals.
 """
 
 import argparse
@@ -94,6 +102,61 @@ def _timed_pair(comm, fn, reference, reps, warmup):
     return float(np.median(times)), float(np.median(ref_times)), result
 
 
+DATA = ("gaussian", "gradients")
+
+
+def gradient_steps(comm, seed=0, steps=40):
+    """Real gradients of this rank: one flat float32 array per training step.
+
+    Each rank trains the MLP of :func:`ccl.bench.gradients.collect_gradients`
+    on scikit-learn's digits (hidden width 512, a seed of its own); every
+    layer's gradient is concatenated.
+
+    Returns
+    -------
+    list of numpy.ndarray
+    """
+    from .gradients import collect_gradients
+
+    grads = collect_gradients(steps=steps, hidden=512, seed=seed * 10_007 + comm.rank)
+    return [np.concatenate(layers) for layers in grads]
+
+
+def steady_input(codec, steps):
+    """The last step's gradient plus the residual error feedback holds by then.
+
+    What a worker's codec encodes in steady state is ``g + e``: the gradient
+    and the residual of every earlier step (``e = p - decode(encode(p))``).
+    Configurations that refuse error feedback get ``g`` alone.
+
+    Parameters
+    ----------
+    codec : Codec
+    steps : list of numpy.ndarray
+        :func:`gradient_steps`.
+
+    Returns
+    -------
+    numpy.ndarray
+    """
+    residual = np.zeros_like(steps[0])
+    try:
+        codec.check_error_feedback()
+    except ValueError:
+        return steps[-1]
+    for g in steps[:-1]:
+        p = g + residual
+        residual = p - codec.decode(codec.encode(p)).astype(np.float32)
+    return steps[-1] + residual
+
+
+def _tiled(comm, base, n):
+    """``base`` repeated to ``n`` values, and the exact float64 sum over the ranks of that."""
+    exact = np.empty(base.size, dtype=np.float64)
+    comm.Allreduce(base.astype(np.float64), exact)
+    return np.resize(base, n).astype(np.float32, copy=False), np.resize(exact, n)
+
+
 def _codec_time(comm, codec, x, pieces, reps, warmup):
     """Encode then decode ``x`` in ``pieces`` equal pieces on every rank at once (no messages)."""
     bounds = chunk_bounds(x.size, pieces)
@@ -118,7 +181,7 @@ def _rows_to_run(codecs, algorithms, segments):
 
 
 def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, segments=None,
-        link_gbps=None, codec_bound=True, paired=False, wire_gbps=None):
+        link_gbps=None, codec_bound=True, paired=False, wire_gbps=None, data="gaussian"):
     """Run the sweep; return a list of row dicts (identical on every rank).
 
     ``segments`` lists the ``segment_bytes`` to run ring, direct and auto with
@@ -126,7 +189,8 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
     ``auto`` (None: the library's default, which measures it) and
     ``wire_gbps`` the rate of the wire bound (default ``link_gbps``). With ``paired``,
     every row's speedup is against ``MPI_Allreduce`` timed in alternation
-    with it (``mpi_time_s``), not only once at the start.
+    with it (``mpi_time_s``), not only once at the start. ``data`` is one of
+    :data:`DATA` (see the module docstring).
     """
     rows = []
     ch = _channel(comm)
@@ -139,12 +203,16 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
     wire_gbps = link_gbps if wire_gbps is None else wire_gbps
     rate = None if wire_gbps is None else wire_gbps * 1e9 / 8
     p = comm.size
+    steps = None  # the real gradients of --data gradients, made once
     for nbytes in sizes:
         n = max(nbytes // 4, 1)
-        x = np.random.default_rng([seed, comm.rank]).standard_normal(n).astype(np.float32)
-        exact = np.empty(n, dtype=np.float64)
-        comm.Allreduce(x.astype(np.float64), exact)
-        norm = float(np.linalg.norm(exact)) or 1.0
+        if data == "gradients":
+            steps = steps or gradient_steps(comm, seed)
+            x, exact = _tiled(comm, steps[-1], n)
+        else:
+            x = np.random.default_rng([seed, comm.rank]).standard_normal(n).astype(np.float32)
+            exact = np.empty(n, dtype=np.float64)
+            comm.Allreduce(x.astype(np.float64), exact)
 
         def mpi_allreduce():
             out = np.empty_like(x)
@@ -166,8 +234,11 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
             c = ccl.Communicator(comm, codec=codec, algorithm=algorithm, partition_bytes=None,
                                  min_compress_bytes=None, segment_bytes=seg,
                                  link_gbps=link_gbps)
+            xc, exact_c = (x, exact) if data != "gradients" else \
+                _tiled(comm, steady_input(codec, steps), n)
+
             def call():
-                return c.allreduce(x)
+                return c.allreduce(xc)
             before = ch.bytes_sent
             call()
             sent = comm.allreduce(ch.bytes_sent - before, op=MPI.MAX)
@@ -176,14 +247,15 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
                 median, row_mpi, y = _timed_pair(comm, call, mpi_allreduce, reps, warmup)
             else:
                 (median, y), row_mpi = _timed(comm, call, reps, warmup), mpi_time
-            error = float(np.linalg.norm(y.astype(np.float64) - exact)) / norm
+            error = float(np.linalg.norm(y.astype(np.float64) - exact_c)) / \
+                (float(np.linalg.norm(exact_c)) or 1.0)
             codec_s = None
             if codec_bound and resolved != "mpi":
                 pieces = (p * segment_count(n, p, seg, codec.bits_per_value)
                           if resolved in CHUNKED else 1)
                 key = (codec.codec_id, codec.config_hash, pieces)
                 if key not in codec_times:
-                    codec_times[key] = _codec_time(comm, codec, x, pieces, reps, warmup)
+                    codec_times[key] = _codec_time(comm, codec, xc, pieces, reps, warmup)
                 codec_s = codec_times[key]
             wire_s = None if rate is None else sent / rate
             bounds = [b for b in (wire_s, codec_s) if b]
@@ -195,7 +267,7 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
                              ratio=mpi_sent / sent if sent else None,
                              wire_s=wire_s, codec_s=codec_s,
                              bound=median / max(bounds) if bounds else None,
-                             rel_error=error, link_gbps=link_gbps,
+                             rel_error=error, link_gbps=link_gbps, data=data,
                              load=os.getloadavg()[0]))
             done += 1
             if progress:
@@ -279,6 +351,9 @@ def parse_args(argv=None):
     parser.add_argument("--paired", action="store_true",
                         help="time MPI_Allreduce in alternation with every row and compute "
                              "its speedup from that (robust to a changing machine load)")
+    parser.add_argument("--data", choices=DATA, default="gaussian",
+                        help="gaussian: normal values; gradients: real gradients plus their "
+                             "error-feedback residual (steady state)")
     parser.add_argument("--no-codec-bound", action="store_true",
                         help="skip measuring the codec-only time")
     parser.add_argument("--csv", help="write the rows to this CSV file (rank 0)")
@@ -319,7 +394,7 @@ def main(argv=None):
               f"{os.getloadavg()[0]:.1f}", flush=True)
     rows = run(comm, codecs, algorithms, sizes, reps, args.warmup, progress=progress,
                segments=segments, link_gbps=link, codec_bound=not args.no_codec_bound,
-               paired=args.paired, wire_gbps=args.wire_gbps)
+               paired=args.paired, wire_gbps=args.wire_gbps, data=args.data)
     if rank0:
         print(format_table(rows))
         print(f"({time.perf_counter() - t0:.1f} s; time = median of {reps} runs, slowest "

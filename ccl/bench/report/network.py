@@ -94,7 +94,7 @@ def network_sections(args, tmp, log, img_dir):
                    rate if gbps is not None else "none", "--", py, "-m", "mpi4py", "-m",
                    "ccl.bench", "--codecs", *NETWORK_CODECS, "--algorithms", "fit", "auto",
                    "--sizes", size, "--reps", "3" if args.quick or (gbps or 1e9) < 1 else "5",
-                   "--segment-bytes", *NETWORK_SEGMENTS, "--paired"]
+                   "--segment-bytes", *NETWORK_SEGMENTS, "--paired", "--data", "gradients"]
         if gbps is not None:
             command += ["--link-gbps", f"{gbps:g}"]
         rows, cmd = run_benchmark(command, os.path.join(tmp, f"net-{rate}.json"), log)
@@ -104,7 +104,10 @@ def network_sections(args, tmp, log, img_dir):
                  "`auto`, which therefore does not compress)" if gbps is None else
                  f"{args.ranks} network namespaces joined by {rate} links "
                  "(`python -m ccl.bench.cluster`, see benchmarks-howto.md), TCP only")
-        text = (f"{args.ranks} ranks, {size} of float32 per rank, on {where}. One run: "
+        text = (f"{args.ranks} ranks, {size} of float32 per rank, on {where}. The data are "
+                "real gradients in steady state (`--data gradients`): each rank's MLP "
+                "gradient on scikit-learn's digits plus the error-feedback residual its "
+                "codec holds after 39 steps, repeated up to the size. One run: "
                 "`MPI_Allreduce` first, then each codec with the algorithm that fits it, "
                 "unpipelined (`/unpipelined`, `--segment-bytes 0`) and pipelined (`/seg "
                 "1MB`: segments of about 1 MB of payload), then `auto` (`auto→x`: what "
