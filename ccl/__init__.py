@@ -38,6 +38,13 @@ def warmup(codec_ids=None):
     >>> import ccl
     >>> ccl.warmup(["fp16", "bf16"])
     """
+    from .threads import torch_threads_kept
+
+    with torch_threads_kept():  # numba's first parallel kernel would reset torch's count
+        _compile(codec_ids)
+
+
+def _compile(codec_ids):
     import numpy as np
 
     for codec_id in codec_ids or codecs.registered_codecs():

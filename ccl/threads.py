@@ -48,7 +48,7 @@ from mpi4py import MPI
 from . import config
 
 __all__ = ["available_cores", "machine_id", "budget", "fair_share", "ranks_on_machine",
-           "budgeted", "channel_budget"]
+           "torch_threads_kept", "budgeted", "channel_budget"]
 
 
 def available_cores():
@@ -157,30 +157,45 @@ def channel_budget(channel):
 
 
 @contextlib.contextmanager
+def torch_threads_kept():
+    """Run the body, then give torch back the thread count it had (if torch is loaded).
+
+    With numba's OpenMP threading layer, numba and torch share the calling
+    thread's OpenMP thread count: numba's first parallel kernel in a thread
+    sets it to numba's pool size, and ``numba.set_num_threads`` sets it too.
+    torch would then run one thread per core in every rank, whatever
+    ``torch.set_num_threads`` said.
+    """
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    try:
+        yield
+    finally:
+        if before is not None and torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
 def budgeted(threads):
     """Run the body with ``threads`` numba threads in this thread, then restore the count.
+
+    torch's thread count is kept (:func:`torch_threads_kept`).
 
     Parameters
     ----------
     threads : int or None
         None leaves the count as it is. Capped at numba's pool size.
     """
-    if threads is None:
-        yield
-        return
-    before = numba.get_num_threads()
-    wanted = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
-    # With numba's OpenMP threading layer, set_num_threads sets this thread's OpenMP
-    # count, which torch reads as its own: restoring numba's count would otherwise
-    # hand torch numba's default (one thread per core in every rank).
-    torch = sys.modules.get("torch")
-    torch_before = torch.get_num_threads() if torch is not None else None
-    if wanted != before:
-        numba.set_num_threads(wanted)
-    try:
-        yield
-    finally:
+    with torch_threads_kept():
+        if threads is None:
+            yield
+            return
+        before = numba.get_num_threads()
+        wanted = max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS))
         if wanted != before:
-            numba.set_num_threads(before)
-            if torch_before is not None and torch.get_num_threads() != torch_before:
-                torch.set_num_threads(torch_before)
+            numba.set_num_threads(wanted)
+        try:
+            yield
+        finally:
+            if wanted != before:
+                numba.set_num_threads(before)

@@ -61,6 +61,14 @@ def test_budgeted_leaves_torch_threads_alone():
         with threads.budgeted(1):
             pass
         assert torch.get_num_threads() == 1
+        ccl.warmup(["3lc"])  # numba's first parallel kernel in a thread sets its count
+        assert torch.get_num_threads() == 1
+        result = []
+        worker = threading.Thread(target=lambda: result.append(
+            (torch.set_num_threads(1), ccl.warmup(["3lc"]), torch.get_num_threads())))
+        worker.start()
+        worker.join()
+        assert result[0][2] == 1
     finally:
         torch.set_num_threads(before)
 
