@@ -481,10 +481,12 @@ def channel(comm):
         raise TypeError(f"comm must be an mpi4py intracommunicator (e.g. MPI.COMM_WORLD), "
                         f"got {type(comm).__name__}")
     cache = comm_cache(comm)
-    # Creating the channel duplicates ``comm`` (a collective): two threads doing it at
-    # once would run two Dups concurrently on one communicator, which MPI forbids.
-    with cache.lock:
-        ch = cache.get("channel")
-        if ch is None:
-            ch = cache["channel"] = Channel(comm)
+    ch = cache.get("channel")  # made once, never replaced: no lock needed to read it
+    if ch is None:
+        # Creating the channel duplicates ``comm`` (a collective): two threads doing it at
+        # once would run two Dups concurrently on one communicator, which MPI forbids.
+        with cache.lock:
+            ch = cache.get("channel")
+            if ch is None:
+                ch = cache["channel"] = Channel(comm)
     return ch
