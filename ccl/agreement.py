@@ -109,34 +109,37 @@ def agree(comm, what, fields, error=None, flags=(), wait=None):
     {}
     """
     fields, flags = list(fields), list(flags)
-    row = np.empty(1 + len(fields) + len(flags), dtype=np.int64)
-    row[0] = _code(error)
-    row[1:1 + len(fields)] = [field_crc(value) for _, value in fields]
-    row[1 + len(fields):] = [bool(flag) for _, flag in flags]
+    row = np.array([_code(error)] + [field_crc(value) for _, value in fields]
+                   + [bool(flag) for _, flag in flags], dtype=np.int64)
     rows = _exchange(comm, row, wait, f"the argument check of {what} from every rank")
     if error is not None:
         raise error
-    rejected = [int(r) for r in np.flatnonzero(rows[:, 0])] if rows[:, 0].any() else []
-    if rejected:
+    if rows.tobytes() == row.tobytes() * len(rows):
+        # every rank sent this rank's row, which holds no error: the common case, decided
+        # by one comparison of bytes; each flag is raised everywhere or nowhere
+        return {name: list(range(len(rows))) if flag else [] for name, flag in flags}
+    first = 1 + len(fields)
+    same = (rows[:, :first] == rows[0, :first]).all(axis=0)
+    if not same[0] or rows[0, 0]:
+        rejected = [int(r) for r in np.flatnonzero(rows[:, 0])]
         kinds = sorted({_NAMES[int(rows[r, 0])] for r in rejected})
         raise MismatchError(f"rank(s) {rejected} rejected their arguments to {what} "
                             f"({', '.join(kinds)}); see the error raised there",
                             field="arguments", ranks={"rejected": rejected})
-    for column, (name, value) in enumerate(fields, start=1):
-        if (rows[:, column] == rows[0, column]).all():
-            continue
+    if not same.all():  # the first field that differs is reported
+        column = int(np.flatnonzero(~same)[0])
+        name, value = fields[column - 1]
         groups = {}
         for rank, crc in enumerate(rows[:, column].tolist()):
             groups.setdefault(crc, []).append(rank)
-        if len(groups) > 1:
-            where = "; ".join(f"ranks {ranks}" for ranks in groups.values())
-            raise MismatchError(
-                f"ranks disagree on the {name} of {what}: {where} differ (this rank, "
-                f"{comm.Get_rank()}, has {value!r:.300})", field=name,
-                ranks=list(groups.values()))
-    first = 1 + len(fields)
-    return {name: [int(r) for r in np.flatnonzero(rows[:, first + i])]
-            if rows[:, first + i].any() else [] for i, (name, _) in enumerate(flags)}
+        where = "; ".join(f"ranks {ranks}" for ranks in groups.values())
+        raise MismatchError(
+            f"ranks disagree on the {name} of {what}: {where} differ (this rank, "
+            f"{comm.Get_rank()}, has {value!r:.300})", field=name,
+            ranks=list(groups.values()))
+    raised = rows[:, first:].any(axis=0)
+    return {name: [int(r) for r in np.flatnonzero(rows[:, first + i])] if raised[i] else []
+            for i, (name, _) in enumerate(flags)}
 
 
 def report_failure(comm, what, error, wait=None):

@@ -29,8 +29,10 @@ def _module_call(comm, collective, x, key, **options):
     comm = MPI.COMM_WORLD if comm is None else comm
     ch = _channel(comm)
     cache = comm_cache(comm)
-    with cache.lock:
-        feedback = cache.setdefault("feedback", ErrorFeedback())
+    feedback = cache.get("feedback")  # made once, never replaced
+    if feedback is None:
+        with cache.lock:
+            feedback = cache.setdefault("feedback", ErrorFeedback())
     return collectives.run(ch, feedback, collective, x, _MODULE_OPTIONS, key, **options)
 
 

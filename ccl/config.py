@@ -233,7 +233,21 @@ def read(name, environ=None):
     """
     variable = VARIABLES[name]
     env = os.environ if environ is None else environ
-    return variable.parse(env.get(name), name)
+    raw = env.get(name)
+    if raw is not None and not isinstance(raw, str):
+        return variable.parse(raw, name)
+    # Every collective reads three variables; each parse depends on the text alone, so
+    # a text seen before is not parsed again (a bad one raises every time).
+    parsed = _PARSED.get((name, raw), _PARSED)
+    if parsed is _PARSED:
+        parsed = variable.parse(raw, name)
+        if len(_PARSED) >= 64:
+            _PARSED.clear()
+        _PARSED[(name, raw)] = parsed
+    return parsed
+
+
+_PARSED = {}
 
 
 def unknown_variables(environ=None):

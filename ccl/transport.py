@@ -10,7 +10,8 @@ Receives do not need to know a payload's size in advance: a matched probe
 encoding) need no extra round trip. Every wait polls with a deadline
 (``timeout`` argument or ``CCL_TIMEOUT`` seconds); when it passes, the rank
 reports which collective and key it was waiting on and aborts the job, so a
-dead or diverged peer never hangs the job forever.
+dead or diverged peer never hangs the job forever. Between tests a waiting
+rank yields its core (see ``POLL_SPIN_S``).
 
 Device (cupy) payloads go through :class:`ccl._staging.Stager`: straight to
 a CUDA-aware MPI after a stream synchronisation, otherwise staged through
@@ -19,6 +20,7 @@ pinned host buffers that are reused across calls.
 
 import contextlib
 import math
+import os
 import sys
 import threading
 import time
@@ -29,7 +31,19 @@ from mpi4py import MPI
 from ._staging import Stager, cuda_aware
 from .launch import check_launch, node_comm
 
-__all__ = ["Channel", "channel", "comm_cache"]
+__all__ = ["Channel", "channel", "comm_cache", "POLL_SPIN_S", "POLL_SLEEP_MAX_S"]
+
+#: Seconds a wait tests its request and yields the core between tests
+#: (``sched_yield``), before it sleeps between them. Yielding lets a rank that
+#: shares the core (more ranks than cores) compute the message being waited
+#: for, which MPI's own blocking wait, spinning, holds up for a scheduler time
+#: slice; sleeping from the start adds its sleeps to every short wait
+#: (docs/benchmarks.md, "Latency").
+POLL_SPIN_S = 0.01
+#: The longest sleep between tests once a wait has lasted ``POLL_SPIN_S``:
+#: a rank far ahead of its peers gives its core back, at this much latency.
+POLL_SLEEP_MAX_S = 1e-3
+_yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 _BYTE = MPI.BYTE
 _KEYVAL = None
@@ -191,11 +205,10 @@ class Channel:
         sys.stderr.flush()
         self.comm.Abort(3)
 
-    def _expired(self, deadline, what):
-        if deadline is not None and time.monotonic() > deadline:
-            self._abort(f"timed out after {self.timeout:g} s waiting for {what}",
-                        "that rank may have died or hung, may have raised an exception in its "
-                        "own code, or may have called a different collective")
+    def _timed_out(self, what):
+        self._abort(f"timed out after {self.timeout:g} s waiting for {what}",
+                    "that rank may have died or hung, may have raised an exception in its "
+                    "own code, or may have called a different collective")
 
     @contextlib.contextmanager
     def _reporting(self, what):
@@ -221,15 +234,31 @@ class Channel:
             self._wait(request, what)
 
     def _wait(self, request, what):
-        deadline = self._deadline()
-        if deadline is None:
-            request.Wait()
-            return
-        pause = 1e-5
-        while not request.Test():
-            self._expired(deadline, what)
-            time.sleep(pause)
-            pause = min(pause * 2, 2e-3)
+        self._poll(request.Test, what)
+
+    def _poll(self, test, what):
+        """Call ``test()`` until it returns something true, and return that.
+
+        Yields the core between tests for ``POLL_SPIN_S``, then sleeps
+        between them (up to ``POLL_SLEEP_MAX_S``); aborts the job once
+        the call's deadline has passed.
+        """
+        done = test()
+        if done:
+            return done
+        deadline, start, pause = self._deadline(), time.monotonic(), 5e-5
+        while True:
+            done = test()
+            if done:
+                return done
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
+                self._timed_out(what)
+            if now - start < POLL_SPIN_S:
+                _yield_core()
+            else:
+                time.sleep(pause)
+                pause = min(2 * pause, POLL_SLEEP_MAX_S)
 
     # ---------------------------------------------------------- point to point
     def isend(self, payload, dest, tag):
@@ -247,18 +276,8 @@ class Channel:
 
     def _recv(self, source, tag):
         status = MPI.Status()
-        deadline = self._deadline()
-        if deadline is None:
-            message = self.comm.Mprobe(source, tag, status)
-        else:
-            pause = 1e-5
-            while True:
-                message = self.comm.Improbe(source, tag, status)
-                if message is not None:
-                    break
-                self._expired(deadline, f"a message from rank {source}")
-                time.sleep(pause)
-                pause = min(pause * 2, 2e-3)
+        message = self._poll(lambda: self.comm.Improbe(source, tag, status),
+                             f"a message from rank {source}")
         buf = self._landing(status.Get_count(_BYTE))
         message.Recv([buf, _BYTE])
         return self._landed(buf)
@@ -462,10 +481,12 @@ def channel(comm):
         raise TypeError(f"comm must be an mpi4py intracommunicator (e.g. MPI.COMM_WORLD), "
                         f"got {type(comm).__name__}")
     cache = comm_cache(comm)
-    # Creating the channel duplicates ``comm`` (a collective): two threads doing it at
-    # once would run two Dups concurrently on one communicator, which MPI forbids.
-    with cache.lock:
-        ch = cache.get("channel")
-        if ch is None:
-            ch = cache["channel"] = Channel(comm)
+    ch = cache.get("channel")  # made once, never replaced: no lock needed to read it
+    if ch is None:
+        # Creating the channel duplicates ``comm`` (a collective): two threads doing it at
+        # once would run two Dups concurrently on one communicator, which MPI forbids.
+        with cache.lock:
+            ch = cache.get("channel")
+            if ch is None:
+                ch = cache["channel"] = Channel(comm)
     return ch

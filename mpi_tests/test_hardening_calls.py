@@ -125,6 +125,46 @@ def test_a_different_key_on_one_rank_raises_everywhere(comm):
     assert info.value.field == "key"
 
 
+# Repeated calls reuse what was validated and built for the same arguments (the options
+# of module-level calls, parsed variables, chunk maps): when one rank changes an argument
+# after a run of identical calls, every rank must still raise, and the next call run.
+_CHANGES = {"shape": "shape", "dtype": "dtype", "codec": "codec",
+            "codec parameter": "codec", "op": "op", "algorithm": "algorithm",
+            "variable": "algorithm"}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("via", ["module", "communicator"])
+@pytest.mark.parametrize("change", sorted(_CHANGES))
+def test_a_repeated_call_changed_on_one_rank_raises_everywhere(comm, monkeypatch, via, change):
+    monkeypatch.delenv("CCL_SEGMENT_BYTES", raising=False)
+    codec = get_codec("3lc")
+    c = ccl.Communicator(comm, min_compress_bytes=0)
+
+    def call(x, spec=codec, op="sum", algorithm="ring"):
+        if via == "module":
+            return ccl.compressed_allreduce(x, spec, comm=comm, op=op, algorithm=algorithm)
+        return c.allreduce(x, codec=spec, op=op, algorithm=algorithm)
+
+    x = rank_input(comm.rank, 300)
+    for _ in range(3):
+        call(x)
+    args = {"shape": dict(x=x[:299]), "dtype": dict(x=x.astype(np.float64)),
+            "codec": dict(spec="onebit"), "op": dict(op="mean"),
+            "algorithm": dict(algorithm="tree")}.get(change, {})
+    if comm.rank == 0:
+        if change == "codec parameter":
+            codec.s = 2.0  # changed in place: the same object, another configuration
+        if change == "variable":
+            monkeypatch.setenv("CCL_SEGMENT_BYTES", "4096")
+    with pytest.raises(ccl.MismatchError) as info:
+        call(**{"x": x, **(args if comm.rank == 0 else {})})
+    assert info.value.field == _CHANGES[change]
+    codec.s = 1.0
+    monkeypatch.delenv("CCL_SEGMENT_BYTES", raising=False)
+    assert_same_on_all_ranks(comm, call(x))
+
+
 # ------------------------------------------------------------ failure mid-collective
 class _FailingCodec:
     """Makes one rank's codec raise on its n-th encode (0-based) of this call."""

@@ -9,6 +9,7 @@ homomorphic adds, and the channel's byte transport.
 turns the algorithm's sum into the user's result.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -59,6 +60,24 @@ def segment_count(n, parts, segment_bytes, bits_per_value=32.0):
         return 1
     payload = -(-n // parts) * bits_per_value / 8
     return max(1, min(-(-n // parts), math.ceil(payload / int(segment_bytes))))
+
+
+@functools.lru_cache(maxsize=256)
+def _geometry(n, parts, segments):
+    """``(chunk_starts, bounds)`` of a :class:`Call`, read-only.
+
+    Remembered: repeated calls of one size (every training step) share them
+    instead of building them again.
+    """
+    starts = chunk_bounds(n, parts)
+    if segments == 1:
+        bounds = starts
+    else:  # every chunk split as numpy.array_split would, then concatenated
+        lengths = np.diff(starts)
+        sub = [starts[j] + chunk_bounds(int(lengths[j]), segments)[:-1] for j in range(parts)]
+        bounds = np.concatenate(sub + [starts[-1:]])
+    starts.flags.writeable = bounds.flags.writeable = False
+    return starts, bounds
 
 
 class Call:
@@ -113,14 +132,7 @@ class Call:
         self.size = channel.size
         self.codec = codec
         self.parts, self.segments = parts, max(1, int(segments))
-        self.chunk_starts = chunk_bounds(n, parts)
-        if self.segments == 1:
-            self.bounds = self.chunk_starts
-        else:  # every chunk split as numpy.array_split would, then concatenated
-            lengths = np.diff(self.chunk_starts)
-            sub = [self.chunk_starts[j] + chunk_bounds(int(lengths[j]), self.segments)[:-1]
-                   for j in range(parts)]
-            self.bounds = np.concatenate(sub + [self.chunk_starts[-1:]])
+        self.chunk_starts, self.bounds = _geometry(int(n), int(parts), self.segments)
         self.tag = tag
         self.step = step
         self.key = key

@@ -18,6 +18,10 @@ from .algorithms import ALGORITHM_NAMES, FLAT, OPS
 
 __all__ = ["Options"]
 
+#: How many :meth:`Options.replace` results are remembered (see ``_memo_key``).
+_MEMO_SIZE = 256
+_memo = {}
+
 
 def _threshold(value, name, zero):
     """A size knob where None and 0 both mean "off"."""
@@ -95,12 +99,55 @@ class Options:
                    link_gbps=config.link_gbps(link_gbps), cross_algorithm=cross_algorithm)
 
     def replace(self, **changes):
-        """These options with ``changes`` (None values keep the current field), validated."""
+        """These options with ``changes`` (None values keep the current field), validated.
+
+        The module-level functions pass the same changes at every call: the
+        validated result is remembered (keyed as ``_memo_key`` says), so a
+        repeated call does not validate them again.
+        """
         changes = {k: v for k, v in changes.items() if v is not None}
-        return self.updated(**changes) if changes else self
+        if not changes:
+            return self
+        key = _memo_key(self, changes)
+        if key is None:
+            return self.updated(**changes)
+        hit = _memo.get(key)
+        if hit is None:
+            if len(_memo) >= _MEMO_SIZE:
+                _memo.clear()
+            # the entry holds the objects whose ids are in its key, so no id is reused
+            hit = _memo[key] = (self, changes, self.updated(**changes))
+        result = hit[2]
+        spec = changes.get("codec")
+        if (spec is not None and not isinstance(spec, Codec)
+                and callable(getattr(result.codec, "state_dict", None))):
+            # a codec that keeps state between calls (SIDCo's stages) was a new one at
+            # every call before this memo: it still is
+            result = dataclasses.replace(result, codec=get_codec(spec))
+        return result
 
     def updated(self, **changes):
         """These options with ``changes`` taken literally (None resets a field), validated."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         fields.update(changes)
         return Options.make(**fields)
+
+
+def _memo_key(options, changes):
+    """A key that names ``options`` and ``changes`` exactly, or None where none is safe.
+
+    The options and any codec count by identity (an equal codec is another
+    object, with its own state), scalars by type and value (``1`` is not
+    ``True``); anything else (a config dict can change in place) is not
+    remembered.
+    """
+    parts = [id(options)]
+    for name in sorted(changes):
+        value = changes[name]
+        if type(value) in (str, int, float, bool):
+            parts.append((name, type(value), value))
+        elif isinstance(value, Codec):
+            parts.append((name, id(value)))
+        else:
+            return None
+    return tuple(parts)

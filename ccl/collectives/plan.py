@@ -39,6 +39,8 @@ __all__ = ["run", "Request", "pieces"]
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 #: dtypes the MPI library's own Allreduce takes (the MPI wheels have no 16-bit float)
 MPI_DTYPES = _DTYPES[:2]
+# the agreement's dtype field, without formatting the dtype at every call
+_DTYPE_NAMES = {dtype: str(dtype) for dtype in _DTYPES}
 
 
 class Request:
@@ -126,7 +128,7 @@ class Request:
             ("collective", self.collective),
             ("codec", None if self.codec is None
              else Fingerprinted(self.codec, self.codec.config_hash)),
-            ("dtype", str(self.x.dtype) if ok else None),
+            ("dtype", _DTYPE_NAMES[self.x.dtype] if ok else None),
             ("ndim", len(shape) if ok else None),
             # allgather blocks may differ in length
             ("shape", None if self.collective == "allgather" else shape),
@@ -249,7 +251,9 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
         algorithm = request.resolve(channel)
         if record is not None:
             record[algorithm] += 1
-        with budgeted(threads):
+        # MPI's own allreduce runs no kernel: it needs no thread budget (setting one costs
+        # more than a small call's reduction)
+        with budgeted(None if algorithm == "mpi" else threads):
             total = _reduce(channel, feedback, request, algorithm, key, step, tag)
         completed = True
     finally:
@@ -257,8 +261,10 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
     options, codec, p = request.options, request.codec, channel.size
     if options.op == "mean" and not codec.predivide_mean and p > 1:
         total = total / p
-    with np.errstate(over="ignore"):
-        result = total.astype(request.x.dtype, copy=False)
+    result = total
+    if total.dtype != request.x.dtype:
+        with np.errstate(over="ignore"):
+            result = total.astype(request.x.dtype)
     # float16 input is summed in float32: a sum beyond float16 is an overflow (and the
     # same on every rank), not a silent Inf
     if result.dtype.itemsize < total.dtype.itemsize and not all_finite(result) \
