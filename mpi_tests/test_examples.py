@@ -59,3 +59,16 @@ def test_torch_two_lines():
     losses = [float(x) for x in re.findall(r"^epoch \d+ loss (\S+)$", out, re.MULTILINE)]
     assert len(losses) == 10, out
     assert losses[-1] < 0.3  # a linearly separable toy problem: training converges
+
+
+@serial
+def test_compressed_adam_example():
+    pytest.importorskip("torch")
+    out = run_example("compressed_adam.py")
+    losses = [float(x) for x in re.findall(r"^step \d+ loss (\S+)$", out, re.MULTILINE)]
+    assert len(losses) == 5, out
+    assert losses[-1] < losses[0] / 4  # it trains through the warm-up and after it
+    match = re.search(r"(\d+) ranks, 100 steps \(4 compressed parameters\): replicas "
+                      r"identical, (\d+) bytes sent by rank 0", out)
+    assert match, out
+    assert int(match.group(1)) == RANKS and int(match.group(2)) > 0
