@@ -100,8 +100,8 @@ def network_sections(args, tmp, log, img_dir):
         rows, cmd = run_benchmark(command, os.path.join(tmp, f"net-{rate}.json"), log)
         measured[rate] = rows
         loads = [r["load"] for r in rows if r.get("load") is not None]
-        where = ("shared memory (`--rate none`: no namespaces; the link is unknown to "
-                 "`auto`, which therefore does not compress)" if gbps is None else
+        where = ("shared memory (`--rate none`: no namespaces; `auto` measures the link "
+                 "itself, as with no setting)" if gbps is None else
                  f"{args.ranks} network namespaces joined by {rate} links "
                  "(`python -m ccl.bench.cluster`, see benchmarks-howto.md), TCP only")
         text = (f"{args.ranks} ranks, {size} of float32 per rank, on {where}. The data are "

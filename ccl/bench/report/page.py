@@ -129,4 +129,5 @@ def merge_network(path, sections, args, started, elapsed):
              if not line.startswith(NETWORK_NOTE)]
     new = render(sections, args, started, elapsed).split("\n## ")[1:]
     # the network sections come first: they are what the page is mostly read for
-    return "\n## ".join(["\n".join(lines) + "\n\n" + note + "\n"] + new + kept).rstrip() + "\n"
+    head = "\n".join(lines).rstrip("\n")  # no blank lines pile up where the note was
+    return "\n## ".join([head + "\n\n" + note + "\n"] + new + kept).rstrip() + "\n"
