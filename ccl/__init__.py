@@ -6,7 +6,8 @@
 """
 
 from . import codecs, config
-from .api import Communicator, allgather, compressed_allreduce, reduce_scatter
+from .api import allgather, compressed_allreduce, reduce_scatter
+from .communicator import Communicator
 from .errors import (CCLError, CompressionOverflowError, LaunchError, MismatchError,
                      NonFiniteError, PayloadError, PeerError)
 

@@ -248,9 +248,9 @@ def _residuals(communicator, key):
 def test_lr_change_scales_residuals(comm, codec):
     rng = np.random.default_rng([7, comm.rank])
     x1, x2 = (rng.standard_normal(1000).astype(np.float32) for _ in range(2))
-    corrected = ccl.Communicator(comm, codec, "direct", min_compress_bytes=0,
+    corrected = ccl.Communicator(comm, codec, algorithm="direct", min_compress_bytes=0,
                                  lr_corrected=True)
-    plain = ccl.Communicator(comm, codec, "direct", min_compress_bytes=0)
+    plain = ccl.Communicator(comm, codec, algorithm="direct", min_compress_bytes=0)
     corrected.set_lr(0.1)
     corrected.allreduce(x1, key="w")
     before = _residuals(corrected, "w")
@@ -275,7 +275,7 @@ def test_lr_change_scales_residuals(comm, codec):
 
 
 def test_set_lr_without_correction_does_nothing(comm):
-    c = ccl.Communicator(comm, "onebit", "direct", min_compress_bytes=0)
+    c = ccl.Communicator(comm, "onebit", algorithm="direct", min_compress_bytes=0)
     c.set_lr(0.1)
     x = np.linspace(-1, 1, 500, dtype=np.float32)
     c.allreduce(x, key="w")

@@ -71,7 +71,7 @@ class Engine:
         # A communicator of its own: this engine's thread must never share a
         # communicator's message order with another thread (collective).
         self.comm = runtime.comm.Dup()
-        self.communicator = Communicator(self.comm, codec, algorithm, op=op, **options)
+        self.communicator = Communicator(self.comm, codec, algorithm=algorithm, op=op, **options)
         self.reductions = 0
         self.closed = False
         self._jobs = queue.SimpleQueue()

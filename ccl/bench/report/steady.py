@@ -22,7 +22,7 @@ def steady_section(args, tmp, log):
     return ("Error feedback in steady state", cmd,
             "Real gradients of three models (an MLP and a CNN on scikit-learn's digits, a "
             "word-level GRU language model with an embedding), every layer through "
-            "`Communicator(codec, algorithm=\"ring\", min_compress_bytes=0).allreduce(g, "
+            "`Communicator(codec=codec, algorithm=\"ring\", min_compress_bytes=0).allreduce(g, "
             "key=layer)` at one rank; steady state is the second half of the gradient steps. "
             "*density/target*: values delivered non-zero over the target count "
             "`max(1, ceil(density*n))` summed over the layers; *bits/value*: payload bits per "
