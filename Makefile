@@ -6,6 +6,8 @@
 # make bench-cluster: the same benchmark on an emulated cluster (root; HOSTS=4 RATE=1gbit)
 # make docs: the documentation site in docs/_build/html (warnings are errors), then the
 #   pages' doctests; make test runs it first, so a broken page fails CI
+# make gpu-wheels (here) then make gpu-check (on a GPU machine without a package index):
+#   every GPU check in one run of at most 8 minutes (docs/gpu.md, "Checking on a real GPU")
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -34,8 +36,19 @@ OMPI_ENV := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_b
 # The single-node Slurm cluster of test-slurm keeps its spool, state and logs here.
 SLURM_STATE ?= /tmp/ccl-slurm
 
+# What a GPU machine without a package index lacks for make gpu-check, as wheels for its
+# Python, pinned to the versions installed here; they travel with the tree in GPU_WHEELS.
+GPU_WHEELS ?= gpu-wheels
+GPU_WHEELS_PYTHON ?= 3.12
+GPU_WHEELS_PACKAGES ?= mpich mpi4py pytest-mpi
+GPU_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \
+	manylinux2014_x86_64 manylinux1_x86_64
+# make gpu-check runs with the GPU machine's own Python and writes to GPU_OUT.
+GPU_PYTHON ?= python3
+GPU_OUT ?= gpu-check-out
+
 .PHONY: demo test test-serial test-mpi test-gpu-sim test-openmpi test-slurm install-test \
-	install-demo install-openmpi bench-cluster docs clean
+	install-demo install-openmpi bench-cluster docs clean gpu-wheels gpu-check
 
 $(VENV)/.demo: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -114,6 +127,18 @@ test-gpu-sim:
 	timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) $(PYTEST) --with-mpi tests_gpu
 	timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n 3 $(PY) $(PYTEST) --only-mpi tests_gpu
 
+# tests_gpu/test_gpu_check.py dry-runs gpu-check under the simulator in test-gpu-sim.
+gpu-wheels: install-test
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_WHEELS_PYTHON) \
+	  --implementation cp $(addprefix --platform ,$(GPU_PLATFORMS)) -d $(GPU_WHEELS) \
+	  $$($(PY) -c "import importlib.metadata as m; \
+	    print(*(f'{d}=={m.version(d)}' for d in '$(GPU_WHEELS_PACKAGES)'.split()))")
+	du -sh $(GPU_WHEELS)
+
+gpu-check:
+	$(GPU_PYTHON) tools/gpu_check.py --out $(GPU_OUT)
+
 test-openmpi: install-openmpi
 	$(OMPI_PY) -c "import ccl; ccl.warmup()"
 	env $(OMPI_ENV) timeout --kill-after=30 $(RUN_TIMEOUT) $(OMPI_VENV)/bin/mpiexec -n 3 \
@@ -134,4 +159,4 @@ test-slurm: install-test
 	  || { LINES_PER_LOG=30 slurm/cluster.sh logs; exit 1; }
 
 clean:
-	rm -rf $(VENV) $(OMPI_VENV) .numba_cache bench-out *.egg-info docs/_build
+	rm -rf $(VENV) $(OMPI_VENV) .numba_cache bench-out *.egg-info docs/_build $(GPU_OUT)

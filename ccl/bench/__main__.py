@@ -13,8 +13,10 @@ COMMANDS = {
     "report": "ccl.bench.report",        # regenerate docs/benchmarks.md (all of the above)
     "cluster": "ccl.bench.cluster",      # root: run a command on an emulated rate-limited cluster
     "gpu": "ccl.bench.gpu",              # GPU + cupy: device encode/decode GB/s vs a device copy
+    "gpu-allreduce": "ccl.bench.gpu_allreduce",  # under mpiexec: cupy arrays vs MPI_Allreduce
+    "gpu-train": "ccl.bench.gpu_train",  # under mpiexec: optimizer steps on CUDA tensors
 }
-MPI_COMMANDS = ("allreduce", "accuracy", "train")
+MPI_COMMANDS = ("allreduce", "accuracy", "train", "gpu-allreduce", "gpu-train")
 
 
 def main(argv=None):
