@@ -57,6 +57,7 @@ def test_dry_run_takes_every_step_and_records_it(tmp_path):
     rows = steps["allreduce"]["rows"]
     assert [r["method"] for r in rows] == ["mpi-staged", "ccl", "ccl"]
     assert all(r["identical"] and r["ranks"] == 2 for r in rows)
+    assert not steps["allreduce"]["partial"] and not steps["train"]["partial"]
     train = [(r["optimizer"], r["codec"], r["identical"]) for r in steps["train"]["rows"]]
     assert train == [("DistributedOptimizer", "none", True),
                      ("DistributedOptimizer", "onebit", True),

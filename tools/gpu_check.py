@@ -254,9 +254,10 @@ def _bench(run, budget, command, options, ranks=None):
     needs = re.search(r"^python -m ccl\.bench \S+: needs .*$", text, re.MULTILINE)
     if rc == 2 and needs:  # the benchmark's own "needs a GPU: why"
         result = dict(status="skipped", returncode=rc, reason=needs.group(0))
-    if rc == 0 and os.path.exists(path):
+    if os.path.exists(path):  # the benchmarks write their rows as they go
         with open(path, encoding="utf-8") as f:
             result["rows"] = json.load(f)
+        result["partial"] = rc != 0
     return result
 
 

@@ -16,6 +16,7 @@ the benchmark end to end without a GPU.
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 import warnings
@@ -51,6 +52,13 @@ def parse_size(text):
     factor = units.get(text[-1:], 1)
     number = text[:-1] if text[-1:] in units else text
     return int(float(number) * factor)
+
+
+def write_rows(path, rows):
+    """Write ``rows`` to the JSON file ``path`` whole (a new file replaces the old one)."""
+    with open(path + ".part", "w", encoding="utf-8") as f:
+        json.dump(rows, f, indent=1)
+    os.replace(path + ".part", path)
 
 
 def simulator_missing():
@@ -149,6 +157,8 @@ def main(argv=None):
     for n in sizes:
         table = measure(specs, n, args.reps, simulate=args.simulate)
         rows.extend(table)
+        if args.json:  # after every size: a run stopped early keeps what it measured
+            write_rows(args.json, rows)
         print(f"float32 input of {4 * n / 2**20:.0f} MiB ({n} values)")
         print(f"{'codec':<10} {'encode GB/s':>12} {'decode GB/s':>12} {'copy GB/s':>10} "
               f"{'bits/value':>10}")
@@ -156,9 +166,6 @@ def main(argv=None):
             print(f"{r['codec']:<10} {r['encode_gbs']:>12.1f} {r['decode_gbs']:>12.1f} "
                   f"{r['copy_gbs']:>10.1f} {r['bits_per_value']:>10.3f}", flush=True)
     print("copy GB/s counts bytes read plus written; codec GB/s count float32 input bytes")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
     return 0
 
 

@@ -40,7 +40,8 @@ import ccl
 from ccl._staging import cuda_aware
 from ccl._xp import backend_of, simulated_device, to_numpy
 from ccl.codecs import get_codec
-from ccl.bench.gpu import DEFAULT_SPECS, gpu_missing, parse_size, simulator_missing
+from ccl.bench.gpu import (DEFAULT_SPECS, gpu_missing, parse_size, simulator_missing,
+                           write_rows)
 
 __all__ = ["measure", "main"]
 
@@ -103,12 +104,12 @@ def _mpi_rows(comm, backend, x, reps, warmup):
 
 
 def measure(comm, specs, sizes, algorithms, reps, warmup, simulate=False):
-    """Rows of method, codec, algorithm, bytes, seconds, speedup and ``identical``.
+    """Rows of method, codec, algorithm, bytes, seconds, speedup and ``identical``, as measured.
 
-    ``speedup`` is the ``mpi-staged`` time of the same size over the row's time.
+    A generator: each row comes as soon as it is measured. ``speedup`` is the
+    ``mpi-staged`` time of the same size over the row's time.
     """
     xp, context = _device_setup(comm, simulate)
-    rows = []
     with context:
         for nbytes in sizes:
             n = nbytes // 4
@@ -116,8 +117,10 @@ def measure(comm, specs, sizes, algorithms, reps, warmup, simulate=False):
             backend = backend_of(x)
             base = dict(ranks=comm.size, bytes=4 * n, cuda_aware=cuda_aware(),
                         codec=None, algorithm="mpi")
-            mpi = [dict(base, **r) for r in _mpi_rows(comm, backend, x, reps, warmup)]
-            rows.extend(mpi)
+            mpi = _mpi_rows(comm, backend, x, reps, warmup)
+            staged = mpi[0]["seconds"]
+            for row in mpi:
+                yield dict(base, **row, speedup=staged / row["seconds"])
             for spec in specs:
                 for algorithm in algorithms:
                     def call(spec=spec, algorithm=algorithm):
@@ -125,13 +128,9 @@ def measure(comm, specs, sizes, algorithms, reps, warmup, simulate=False):
 
                     seconds, out = _timed(comm, backend, call, reps, warmup)
                     codec = get_codec(spec)
-                    rows.append(dict(base, method="ccl", codec=codec.codec_id,
-                                     config=codec.get_config(), algorithm=algorithm,
-                                     seconds=seconds, identical=_identical(comm, out)))
-            for r in rows:
-                if r["bytes"] == 4 * n:
-                    r["speedup"] = mpi[0]["seconds"] / r["seconds"]
-    return rows
+                    yield dict(base, method="ccl", codec=codec.codec_id,
+                               config=codec.get_config(), algorithm=algorithm, seconds=seconds,
+                               speedup=staged / seconds, identical=_identical(comm, out))
 
 
 def main(argv=None):
@@ -160,20 +159,22 @@ def main(argv=None):
         warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
     specs = DEFAULT_SPECS if args.codecs is None else [
         json.loads(c) if c.startswith("{") else c for c in args.codecs]
-    rows = measure(comm, specs, [parse_size(s) for s in args.sizes], args.algorithms,
-                   args.reps, args.warmup, simulate=args.simulate)
+    rows = []
     if comm.rank == 0:
-        print(f"{comm.size} ranks; CUDA-aware MPI: {rows[0]['cuda_aware']}; speedup over "
-              f"MPI_Allreduce through host staging")
+        print(f"{comm.size} ranks; speedup over MPI_Allreduce through host staging")
         print(f"{'MiB':>6} {'method':<11} {'codec':<10} {'algorithm':<10} {'ms':>9} "
-              f"{'speedup':>8} identical")
-        for r in rows:
+              f"{'speedup':>8} identical", flush=True)
+    for r in measure(comm, specs, [parse_size(s) for s in args.sizes], args.algorithms,
+                     args.reps, args.warmup, simulate=args.simulate):
+        rows.append(r)
+        if comm.rank == 0:
             print(f"{r['bytes'] / 2**20:>6.0f} {r['method']:<11} {str(r['codec']):<10} "
                   f"{r['algorithm']:<10} {1e3 * r['seconds']:>9.2f} {r['speedup']:>8.2f} "
                   f"{r['identical']}", flush=True)
-        if args.json:
-            with open(args.json, "w", encoding="utf-8") as f:
-                json.dump(rows, f, indent=1)
+            if args.json:  # after every row: a run stopped early keeps what it measured
+                write_rows(args.json, rows)
+    if comm.rank == 0 and rows:
+        print(f"CUDA-aware MPI: {rows[0]['cuda_aware']} (mpi-device rows only where it is)")
     return 0
 
 

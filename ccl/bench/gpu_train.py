@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ccl._xp import simulated_device
-from ccl.bench.gpu import gpu_missing, simulator_missing
+from ccl.bench.gpu import gpu_missing, simulator_missing, write_rows
 
 __all__ = ["measure", "main"]
 
@@ -106,30 +106,31 @@ def _run(comm, kind, codec, device, args):
 
 
 def measure(comm, args):
-    """One row per optimizer and codec: seconds per step, ``vs_none`` and ``identical``."""
+    """Rows of optimizer, codec, seconds per step, ``vs_none`` and ``identical``, as measured.
+
+    A generator: each row comes as soon as it is measured, ``codec=None``
+    first (the others are compared with it).
+    """
     import ccl.torch as ct
 
     device, context = _device(comm, args.simulate)
+    configs = [("DistributedOptimizer", c) for c in sorted(args.codecs, key=lambda c: c != "none")]
+    configs += [("CompressedAdam", c) for c in args.adam_codecs]
     ct.init(comm)
-    rows = []
+    base = None
     try:
         with context:
-            configs = [("DistributedOptimizer", c) for c in args.codecs]
-            configs += [("CompressedAdam", c) for c in args.adam_codecs]
             for kind, name in configs:
                 codec = None if name == "none" else (
                     json.loads(name) if name.startswith("{") else name)
                 seconds, params, identical = _run(comm, kind, codec, device, args)
-                rows.append(dict(optimizer=kind, codec=name, ranks=comm.size,
-                                 device=str(device), params=params, seconds=seconds,
-                                 identical=identical))
+                if kind == "DistributedOptimizer" and codec is None:
+                    base = seconds
+                yield dict(optimizer=kind, codec=name, ranks=comm.size, device=str(device),
+                           params=params, seconds=seconds, identical=identical,
+                           vs_none=None if base is None else base / seconds)
     finally:
         ct.shutdown()
-    base = [r["seconds"] for r in rows
-            if r["optimizer"] == "DistributedOptimizer" and r["codec"] == "none"]
-    for r in rows:
-        r["vs_none"] = base[0] / r["seconds"] if base else None
-    return rows
 
 
 def main(argv=None):
@@ -167,18 +168,20 @@ def main(argv=None):
         return 2
     if args.simulate:  # the simulator's integer arithmetic wraps with warnings
         warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
-    rows = measure(comm, args)
-    if comm.rank == 0:
-        print(f"{comm.size} ranks on {rows[0]['device']}, {rows[0]['params']} parameters, "
-              f"algorithm {args.algorithm}; vs none: the codec=None step time / this one")
-        print(f"{'optimizer':<21} {'codec':<10} {'ms/step':>9} {'vs none':>8} identical")
-        for r in rows:
-            vs = "" if r["vs_none"] is None else f"{r['vs_none']:.2f}"
-            print(f"{r['optimizer']:<21} {r['codec']:<10} {1e3 * r['seconds']:>9.2f} "
-                  f"{vs:>8} {r['identical']}", flush=True)
-        if args.json:
-            with open(args.json, "w", encoding="utf-8") as f:
-                json.dump(rows, f, indent=1)
+    rows = []
+    for r in measure(comm, args):
+        rows.append(r)
+        if comm.rank != 0:
+            continue
+        if len(rows) == 1:
+            print(f"{comm.size} ranks on {r['device']}, {r['params']} parameters, algorithm "
+                  f"{args.algorithm}; vs none: the codec=None step time / this one")
+            print(f"{'optimizer':<21} {'codec':<10} {'ms/step':>9} {'vs none':>8} identical")
+        vs = "" if r["vs_none"] is None else f"{r['vs_none']:.2f}"
+        print(f"{r['optimizer']:<21} {r['codec']:<10} {1e3 * r['seconds']:>9.2f} "
+              f"{vs:>8} {r['identical']}", flush=True)
+        if args.json:  # after every row: a run stopped early keeps what it measured
+            write_rows(args.json, rows)
     return 0
 
 
