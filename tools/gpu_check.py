@@ -308,6 +308,9 @@ def _marked_json(text):
 
 
 _SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in [\d.]+s")
+_PROGRESS = re.compile(r"^([.FEsxX]+)(?:\s+\[\s*\d+%\])?$")
+_MARKS = {".": "passed", "F": "failed", "E": "errors", "s": "skipped", "x": "xfailed",
+          "X": "xpassed"}
 
 
 def _pytest_counts(text):
@@ -320,7 +323,12 @@ def _pytest_counts(text):
                            (part.split() for part in match.group(1).split(", "))})
     failed = sorted({line.strip() for line in text.splitlines()
                      if line.startswith(("FAILED ", "ERROR "))})
-    return dict(per_rank=counts, failed=failed[:50])
+    result = dict(per_rank=counts, failed=failed[:50])
+    if not counts:  # killed before its summary: what the progress characters showed so far
+        marks = "".join(m.group(1) for m in map(_PROGRESS.match, text.splitlines()) if m)
+        result["progress"] = {kind: marks.count(c) for c, kind in _MARKS.items()
+                              if marks.count(c)}
+    return result
 
 
 HANDLERS = dict(install=step_install, environment=step_environment, warmup=step_warmup,
@@ -371,6 +379,17 @@ def write_json(run):
     os.replace(path + ".part", path)  # a run killed from outside leaves the last whole file
 
 
+def _tests_brief(tests):
+    """``12 passed, 1 failed (x4)`` from what :func:`_pytest_counts` found."""
+    if tests.get("per_rank"):
+        first, runs = tests["per_rank"][0], len(tests["per_rank"])
+        return ", ".join(f"{n} {k}" for k, n in first.items()) + (
+            f" (rank 0 of {runs})" if runs > 1 else "")
+    if tests.get("progress"):
+        return "before the kill: " + ", ".join(f"{n} {k}" for k, n in tests["progress"].items())
+    return ""
+
+
 def summary_lines(result):
     """The printed summary: each step, the environment, then the benchmark figures."""
     env = result["environment"]
@@ -382,15 +401,11 @@ def summary_lines(result):
              f"CUDA-aware: {env.get('cuda_aware')}"]
     for step in result["steps"]:
         extra = step.get("reason") or ""
-        tests = step.get("tests") or {}
+        if step.get("tests"):
+            extra = _tests_brief(step["tests"]) or extra
         if step.get("ranks"):
-            tests = {"per_rank": [c for r in step["ranks"].values()
-                                  for c in (r.get("tests") or {}).get("per_rank", [])]}
-        if tests.get("per_rank"):
-            extra = "; ".join(", ".join(f"{n} {k}" for k, n in c.items())
-                              for c in tests["per_rank"][:1]) + (
-                f" (x{len(tests['per_rank'])} runs/ranks)" if len(tests["per_rank"]) > 1
-                else "")
+            extra = "; ".join(f"{n} ranks: {_tests_brief(r.get('tests') or {}) or r['status']}"
+                              for n, r in step["ranks"].items())
         lines.append(f"{step['name']:<12} {step['status']:<8} "
                      f"{step.get('seconds', ''):>6} s  {(extra.splitlines() or [''])[-1][:90]}")
     for step in result["steps"]:
