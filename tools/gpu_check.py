@@ -47,9 +47,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = (("install", 45, 45), ("environment", 50, 60), ("warmup", 60, 90),
          ("tests-1", 120, 90), ("tests-mpi", 100, 90), ("bench-gpu", 75, 60),
          ("allreduce", 70, 90), ("train", 60, 90))
-#: Left at the end of ``--limit`` for the summary; a step starts only with MIN_STEP_S more,
-#: and leaves FLOOR_S to each step after it (a slow step cannot starve all the others).
-RESERVE_S, MIN_STEP_S, FLOOR_S = 5, 10, 25
+#: Left at the end of ``--limit`` for killing the last step (up to 10 s) and the summary; a
+#: step starts only with MIN_STEP_S more, and leaves FLOOR_S to each step after it (a slow
+#: step cannot starve all the others).
+RESERVE_S, MIN_STEP_S, FLOOR_S = 15, 10, 25
 #: Characters of one command's output kept in the log (its head and tail).
 LOG_CHARS = 1_500_000
 #: Marks the JSON line the environment probe (tools/gpu_probe.py) prints.
@@ -380,11 +381,13 @@ def write_json(run):
 
 
 def _tests_brief(tests):
-    """``12 passed, 1 failed (x4)`` from what :func:`_pytest_counts` found."""
+    """``12 passed, 1 failed (every rank of 4)`` from what :func:`_pytest_counts` found."""
     if tests.get("per_rank"):
-        first, runs = tests["per_rank"][0], len(tests["per_rank"])
-        return ", ".join(f"{n} {k}" for k, n in first.items()) + (
-            f" (rank 0 of {runs})" if runs > 1 else "")
+        outcomes = [", ".join(f"{n} {k}" for k, n in c.items()) for c in tests["per_rank"]]
+        runs = len(outcomes)
+        if len(set(outcomes)) == 1:
+            return outcomes[0] + (f" (every rank of {runs})" if runs > 1 else "")
+        return " | ".join(outcomes)
     if tests.get("progress"):
         return "before the kill: " + ", ".join(f"{n} {k}" for k, n in tests["progress"].items())
     return ""
