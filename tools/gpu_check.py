@@ -51,8 +51,9 @@ STEPS = (("install", 45, 45), ("environment", 50, 60), ("warmup", 60, 90),
 #: step starts only with MIN_STEP_S more, and leaves FLOOR_S to each step after it (a slow
 #: step cannot starve all the others).
 RESERVE_S, MIN_STEP_S, FLOOR_S = 15, 10, 25
-#: Characters of one command's output kept in the log (its head and tail).
-LOG_CHARS = 1_500_000
+#: Characters of one command's output kept in the log (its head and tail): a dozen commands
+#: stay under the 16 MiB a file may have to come back from a remote machine.
+LOG_CHARS = 1_000_000
 #: Marks the JSON line the environment probe (tools/gpu_probe.py) prints.
 ENV_MARK = "GPU-CHECK-ENV "
 PROBE = os.path.join(ROOT, "tools", "gpu_probe.py")
