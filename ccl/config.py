@@ -192,9 +192,9 @@ VARIABLES = {v.name: v for v in (
     Variable("CCL_LOCAL_SIZE", positive_int, "ranks sharing memory (MPI's shared-memory split)",
              "Ranks per node: consecutive blocks of this many ranks form a node (launchers "
              "and emulated clusters)."),
-    Variable("CCL_NUMBA_CACHE", switch, "0",
-             "Cache compiled kernels on disk (in `NUMBA_CACHE_DIR`); warm the cache once per "
-             "node with `ccl.warmup()`."),
+    Variable("CCL_NUMBA_CACHE", switch, "1",
+             "Cache compiled kernels on disk, per user (see Compiled kernels below); 0: every "
+             "process compiles its own."),
     Variable("CCL_CUDA_AWARE", switch, "detected",
              "Whether MPI may be given device buffers (1) or payloads are staged through host "
              "memory (0)."),
