@@ -11,7 +11,7 @@ function) is read, updated and written back, and a new entry takes the first
 free data-file number: two processes saving different signatures at once
 could lose an entry or, worse, point one signature at another's code. ccl's
 kernels therefore save under an exclusive lock on a file beside the index
-(:class:`_LockedIndex`), writing the data before the index entry that names it.
+(``_LockedIndex``), writing the data before the index entry that names it.
 """
 
 import contextlib
@@ -200,7 +200,7 @@ def _exclusive(path):
 
 
 def _cached(dispatcher, directory):
-    """Give ``dispatcher`` numba's on-disk cache in ``directory``, saved by :class:`_LockedIndex`.
+    """Give ``dispatcher`` numba's on-disk cache in ``directory``, saved by ``_LockedIndex``.
 
     numba's locator reads ``numba.config.CACHE_DIR`` once, when the cache is
     made: it is set for that moment only, leaving numba's setting for

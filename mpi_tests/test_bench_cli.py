@@ -36,6 +36,10 @@ def test_help_lists_every_subcommand():
     for name in SUBCOMMANDS:
         assert name in listed, (name, result.stdout)
     assert "--codecs" in result.stdout  # and the default command's options after the list
+    under_mpiexec = launch(["-m", "mpi4py", "-m", "ccl.bench", "--help"], 3, 120)
+    assert under_mpiexec.returncode == 0, under_mpiexec.stderr
+    assert under_mpiexec.stdout.count("commands (") == 1  # rank 0 alone prints it
+    assert under_mpiexec.stdout.count("show this help") == 1
 
 
 @serial

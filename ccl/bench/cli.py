@@ -15,6 +15,7 @@ and exits with status 2 on every rank, as argparse does.
 
 import argparse
 import json
+import os
 import re
 import sys
 
@@ -68,11 +69,14 @@ def codec_arg(text):
 
 
 def world_rank():
-    """This process' rank in ``MPI.COMM_WORLD`` (0 without MPI initialised)."""
+    """This process' rank in ``MPI.COMM_WORLD``; before MPI starts, the launcher's (else 0)."""
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
-        return 0
-    return mpi.COMM_WORLD.rank
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return mpi.COMM_WORLD.rank
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
 
 
 class Parser(argparse.ArgumentParser):
