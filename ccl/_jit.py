@@ -60,10 +60,20 @@ def _source_digest():
     return "kernels-" + digest.hexdigest()[:16]
 
 
-def _writable(path):
-    """``path`` made if missing; True if a file can be created in it."""
+def _usable(root, path):
+    """``path`` (below ``root``) made if missing; True if it is ours alone and writable.
+
+    numba's cache files are pickles that a process loads and runs: a folder
+    another user owns or may write to (a name taken first in a shared
+    ``/tmp``) is refused, as ``root`` itself.
+    """
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
+        if hasattr(os, "getuid"):
+            for folder in (root, path):
+                st = os.stat(folder)
+                if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                    return False
         tempfile.TemporaryFile(dir=path).close()
         return True
     except OSError:
@@ -74,7 +84,7 @@ def _candidates(environ):
     """Cache roots to try, best first: the per-user cache, then a per-user temporary folder."""
     xdg = environ.get("XDG_CACHE_HOME", "").strip()
     if not os.path.isabs(xdg):  # the XDG spec: a relative path is invalid and ignored
-        xdg = os.path.join(os.path.expanduser("~"), ".cache")
+        xdg = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
     uid = os.getuid() if hasattr(os, "getuid") else environ.get("USERNAME", "user")
     return [os.path.join(xdg, "ccl", "numba"),
             os.path.join(tempfile.gettempdir(), f"ccl-numba-{uid}")]
@@ -91,7 +101,9 @@ def cache_directory(environ=None):
     * else ``$XDG_CACHE_HOME/ccl/numba`` (``~/.cache/ccl/numba`` when
       ``XDG_CACHE_HOME`` is unset), or, where that cannot be written (a
       read-only or missing home), ``ccl-numba-<uid>`` in the temporary
-      directory; None if neither can be written. Either way in a
+      directory; None if neither can be written. A folder that another
+      user owns or may write to is not used (the cache holds code that
+      is loaded and run). Either way in a
       subdirectory per ccl version and source digest, so an upgraded or
       edited ccl never loads kernels compiled from other sources.
 
@@ -119,7 +131,7 @@ def cache_directory(environ=None):
         else:
             digest = _source_digest()
             for root in _candidates(env):
-                if _writable(os.path.join(root, digest)):
+                if _usable(root, os.path.join(root, digest)):
                     found = os.path.join(root, digest)
                     _prune(root, digest)
                     break

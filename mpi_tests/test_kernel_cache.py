@@ -169,3 +169,16 @@ def test_locked_index_keeps_every_entry(tmp_path):
     files[0].save("sig-a", b"a")
     files[1].save("sig-b", b"b")
     assert files[0].load("sig-a") == b"a" and files[0].load("sig-b") == b"b"
+
+
+def test_a_folder_others_may_write_is_not_used(tmp_path, monkeypatch):
+    """A cache someone else could fill with code (a shared /tmp name taken first) is refused."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    shared = tmp_path / "tmp" / f"ccl-numba-{os.getuid()}"
+    shared.mkdir(parents=True)
+    shared.chmod(0o777)
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")
+    assert _jit.cache_directory({"XDG_CACHE_HOME": str(blocked), "HOME": str(blocked)}) is None
+    shared.chmod(0o700)
+    assert _jit.cache_directory({"XDG_CACHE_HOME": str(blocked)}).startswith(str(shared))
