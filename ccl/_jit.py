@@ -43,13 +43,15 @@ def cache_enabled():
 
 
 def _source_digest():
-    """A digest of ccl's version and of every module that defines or feeds a kernel.
+    """A digest of ccl's version, of every module that defines or feeds a kernel, and of numba's.
 
     numba keys a cached kernel on its own file's content, not on the files of
     the kernels it calls: a directory per digest keeps the cache of one ccl
     source tree (a release, or an edited checkout) from serving another's.
+    numba's version is in it too: numba drops an index written by another
+    version, so two environments sharing one folder would evict each other.
     """
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(numba.__version__.encode())
     here = os.path.dirname(os.path.abspath(__file__))
     codecs = os.path.join(here, "codecs")
     paths = [os.path.join(here, "__init__.py"), __file__]  # __init__ holds __version__
