@@ -20,8 +20,6 @@ TEST_TIMEOUT ?= 300
 RUN_TIMEOUT ?= 1200
 export MPIEXEC_TIMEOUT := $(RUN_TIMEOUT)
 export HYDRA_LAUNCHER := fork
-export CCL_NUMBA_CACHE := 1
-export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 # pytest-mpi: --with-mpi runs everything (MPI tests at the launched size); --only-mpi alone
 # runs just the MPI-marked tests (given together, --with-mpi wins and --only-mpi is ignored).
 PYTEST := -m mpi4py -m pytest -x -q --timeout=$(TEST_TIMEOUT) --timeout-method=thread

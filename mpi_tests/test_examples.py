@@ -9,6 +9,8 @@ prints. Serial tests: each launches its own 4-rank job once.
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 from mpi4py import MPI
@@ -72,3 +74,46 @@ def test_compressed_adam_example():
                       r"identical, (\d+) bytes sent by rank 0", out)
     assert match, out
     assert int(match.group(1)) == RANKS and int(match.group(2)) > 0
+
+
+@serial
+def test_ddp_hook_example():
+    """The PyTorch guide's DDP section: the hook, a DistributedSampler, MASTER_* found."""
+    pytest.importorskip("torch")
+    out = run_example("ddp_hook.py")
+    losses = [float(x) for x in re.findall(r"^epoch \d+ loss (\S+)$", out, re.MULTILINE)]
+    assert len(losses) == 5, out
+    assert losses[-1] < losses[0]
+    assert f"DDP with the thc hook on {RANKS} ranks: replicas identical" in out
+
+
+@serial
+def test_gpu_allreduce_example():
+    cupy = pytest.importorskip("cupy")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no GPU")
+    except Exception as exc:  # cupy without a driver raises its own errors
+        pytest.skip(f"no GPU for cupy: {exc}")
+    out = run_example("gpu_allreduce.py")
+    assert f"onebit allreduce of CuPy arrays on {RANKS} ranks: {1 << 24} values" in out
+
+
+@serial
+def test_emulated_cluster_example():
+    """benchmarks-howto's cluster-from-Python example: the quick start on 4 emulated hosts."""
+    from ccl.bench.cluster import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no emulated cluster here: {reason}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples",
+                                                          "emulated_cluster.py")],
+                            capture_output=True, text=True, env=env, cwd=ROOT,
+                            timeout=JOB_TIMEOUT + 60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "fp16 ring allreduce on 4 ranks" in result.stdout
+    sent = int(re.search(r"^0 (\d+) bytes sent by host 0$", result.stdout, re.M).group(1))
+    assert sent > 0

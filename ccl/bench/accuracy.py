@@ -13,7 +13,6 @@ encodes again, as for any other codec. The ``homomorphic`` column says which
 variant ran.
 """
 
-import argparse
 import json
 
 import numpy as np
@@ -22,6 +21,8 @@ from mpi4py import MPI
 import ccl
 from ccl.codecs import get_codec, registered_codecs
 from ccl.transport import channel as _channel
+
+from .cli import Parser, codec_arg
 
 ALGORITHMS = ("ring", "tree", "direct", "allgather")
 
@@ -115,9 +116,9 @@ def measure(comm, specs, algorithms, n, steps, data="normal", reencode=None):
 
 def main(argv=None, comm=None):
     """Run the command line ``argv`` on ``comm`` (default ``MPI.COMM_WORLD``); rank 0 prints."""
-    parser = argparse.ArgumentParser(prog="python -m ccl.bench accuracy",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--codecs", nargs="+", default=None)
+    parser = Parser(prog="python -m ccl.bench accuracy", description=__doc__.splitlines()[0])
+    parser.add_argument("--codecs", nargs="+", default=None, type=codec_arg,
+                        help="codec ids or JSON configs (default: every registered codec)")
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS),
                         choices=ALGORITHMS)
     parser.add_argument("--elements", type=int, default=1 << 16)
@@ -130,8 +131,7 @@ def main(argv=None, comm=None):
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD if comm is None else comm
-    specs = [json.loads(s) if s.startswith("{") else s for s in
-             (args.codecs or [c for c in registered_codecs() if not c.startswith("test")])]
+    specs = args.codecs or [c for c in registered_codecs() if not c.startswith("test")]
     rows = measure(comm, specs, args.algorithms, args.elements, args.steps, args.data,
                    reencode=args.decode_reencode)
     if comm.rank == 0:

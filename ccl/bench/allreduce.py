@@ -7,7 +7,8 @@ bytes each rank sent and the compression ratio on the wire (``MPI_Allreduce``'s
 bytes / these bytes), the relative error against the exact float64 sum, and
 two lower bounds:
 
-- *wire*: the most bytes a rank sent, at the link rate (``--link-gbps``;
+- *wire*: the most bytes a rank sent, at the link rate (``--wire-gbps`` or
+  ``CCL_BENCH_WIRE_GBPS``, else ``--link-gbps``;
   empty when the rate is unknown);
 - *codec*: the same data encoded and decoded, in the same pieces as the
   algorithm's, on every rank at once and without communication (slowest
@@ -26,10 +27,10 @@ code, for one, compresses Gaussian data far better than gradients plus
 residuals.
 """
 
-import argparse
 import csv
 import json
 import os
+import textwrap
 import time
 
 import numpy as np
@@ -41,7 +42,10 @@ from ccl.collectives import CHUNKED, chunk_bounds
 from ccl import config
 from ccl.collectives.auto import fitting, probe_link_gbps
 from ccl.collectives.base import DEFAULT_SEGMENT_BYTES, segment_count
+from ccl.threads import budgeted, channel_budget
 from ccl.transport import channel as _channel
+
+from .cli import SIZE_UNITS, Parser, codec_arg, size_arg
 
 ALGORITHMS = ("ring", "tree", "direct", "allgather", "auto")
 # "fit": the algorithm that fits each codec (ccl.collectives.auto.fitting); "hierarchical"
@@ -49,24 +53,15 @@ ALGORITHMS = ("ring", "tree", "direct", "allgather", "auto")
 CHOICES = ALGORITHMS + ("hierarchical", "fit")
 
 
-def _parse_size(text):
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    text = text.strip().lower().rstrip("b")
-    factor = units.get(text[-1:], 1)
-    number = text[:-1] if text[-1:] in units else text
-    return int(float(number) * factor)
-
-
-def _codec_specs(names):
-    specs = []
-    for name in names:
-        spec = json.loads(name) if name.startswith("{") else name
-        specs.append(get_codec(spec))
-    return specs
-
-
 def _timed(comm, fn, reps, warmup):
-    for _ in range(warmup):
+    """Median over ``reps`` runs of ``fn`` (slowest rank), after ``warmup`` untimed runs.
+
+    At least one untimed run whatever ``warmup`` says: numba compiles a kernel
+    on its first call, and a variant (a size, a piece count) that
+    :func:`ccl.warmup` did not meet would otherwise be compiled inside the
+    first timed run.
+    """
+    for _ in range(max(warmup, 1)):
         fn()
     times = []
     for _ in range(reps):
@@ -85,7 +80,7 @@ def _timed_pair(comm, fn, reference, reps, warmup):
     once at the start drifts away from the rows measured minutes later; timed
     in alternation, both see the same load.
     """
-    for _ in range(warmup):
+    for _ in range(max(warmup, 1)):  # at least once: see _timed
         fn()
     times, ref_times, result = [], [], None
 
@@ -158,12 +153,19 @@ def _tiled(comm, base, n):
 
 
 def _codec_time(comm, codec, x, pieces, reps, warmup):
-    """Encode then decode ``x`` in ``pieces`` equal pieces on every rank at once (no messages)."""
+    """Encode then decode ``x`` in ``pieces`` equal pieces on every rank at once (no messages).
+
+    With the threads the collectives give each rank (its share of the
+    machine's cores): outside a collective numba would use every core in
+    every rank, and the ranks would fight over them.
+    """
     bounds = chunk_bounds(x.size, pieces)
+    threads = channel_budget(_channel(comm))[0]
 
     def work():
-        for j in range(pieces):
-            codec.decode(codec.encode(x[bounds[j]:bounds[j + 1]]))
+        with budgeted(threads):
+            for j in range(pieces):
+                codec.decode(codec.encode(x[bounds[j]:bounds[j + 1]]))
 
     median, _ = _timed(comm, work, reps, warmup)
     return median
@@ -324,22 +326,23 @@ def _human(nbytes):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m ccl.bench",
         description="Compressed allreduce against MPI_Allreduce, measured in the same run. "
-                    "Run under mpiexec, e.g. mpiexec -n 4 python -m mpi4py -m ccl.bench --quick")
+                    "Run under mpiexec, e.g. mpiexec -n 4 python -m mpi4py -m ccl.bench --quick",
+        epilog=f"Units: sizes in {SIZE_UNITS}; rates in Gbit/s = 10^9 bit/s. " + FOOTER)
     parser.add_argument("--quick", action="store_true",
                         help="a short sweep (finishes in under a minute at 4 ranks)")
-    parser.add_argument("--codecs", nargs="+", default=None,
+    parser.add_argument("--codecs", nargs="+", default=None, type=codec_arg,
                         help="codec ids or JSON configs (default: every registered codec)")
     parser.add_argument("--algorithms", nargs="+", default=None, choices=CHOICES,
                         help="algorithms to run; 'fit' is the one that fits each codec "
                              "(default: all; with --quick: fit and auto)")
-    parser.add_argument("--sizes", nargs="+", default=None,
-                        help="message sizes per rank, e.g. 4KB 1MB 64MB")
+    parser.add_argument("--sizes", nargs="+", default=None, type=size_arg,
+                        help="message sizes per rank, e.g. 4KB 1MB 64MB (1 KB = 1024 bytes)")
     parser.add_argument("--reps", type=int, default=None, help="timed runs per configuration")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first")
-    parser.add_argument("--segment-bytes", nargs="+", default=None,
+    parser.add_argument("--segment-bytes", nargs="+", default=None, type=size_arg,
                         help="pipeline segment sizes to run ring, direct and auto with, e.g. "
                              "0 1MB (0: unpipelined; default: CCL_SEGMENT_BYTES or 1MB)")
     parser.add_argument("--link-gbps", default=None,
@@ -347,7 +350,8 @@ def parse_args(argv=None):
                              "'probe' (default: CCL_LINK_GBPS; unset: auto measures it)")
     parser.add_argument("--wire-gbps", type=float, default=None,
                         help="link rate in Gbit/s for the wire bound only, leaving auto to "
-                             "its default (e.g. the emulated cluster's rate)")
+                             "its default (default: CCL_BENCH_WIRE_GBPS, which "
+                             "python -m ccl.bench.cluster sets to its links' rate)")
     parser.add_argument("--paired", action="store_true",
                         help="time MPI_Allreduce in alternation with every row and compute "
                              "its speedup from that (robust to a changing machine load)")
@@ -358,21 +362,36 @@ def parse_args(argv=None):
                         help="skip measuring the codec-only time")
     parser.add_argument("--csv", help="write the rows to this CSV file (rank 0)")
     parser.add_argument("--json", help="write the rows to this JSON file (rank 0)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        if args.link_gbps:
+            args.link_gbps = config.link_gbps(args.link_gbps, "--link-gbps")
+        if args.wire_gbps is None:
+            args.wire_gbps = config.read("CCL_BENCH_WIRE_GBPS")
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+FOOTER = ("'rel.err' = ||result - exact|| / ||exact|| of one call, before error feedback "
+          "(exact: the float64 sum); over many steps error feedback carries the rest into later "
+          "steps (python -m ccl.bench accuracy). 'wire ms' = the most bytes a rank sent at the "
+          "link rate; 'codec ms' = encoding and decoding the same pieces without messages; "
+          "'bound' = time / the larger of the two: 1.0x is as fast as the link or the codec "
+          "allows, higher is time lost elsewhere ('-': no link rate given).")
 
 
 def main(argv=None):
     args = parse_args(argv)
     comm = MPI.COMM_WORLD
-    codec_ids = args.codecs or [c for c in registered_codecs() if not c.startswith("test")]
-    codecs = _codec_specs(codec_ids)
+    codecs = args.codecs or [get_codec(c) for c in registered_codecs()
+                             if not c.startswith("test")]
     algorithms = args.algorithms or (["fit", "auto"] if args.quick else list(ALGORITHMS))
-    sizes = [_parse_size(s) for s in (args.sizes or (["256KB", "4MB"] if args.quick
-                                                     else ["4KB", "256KB", "4MB", "64MB"]))]
+    sizes = args.sizes or ([1 << 18, 1 << 22] if args.quick       # 256 KB, 4 MB
+                           else [1 << 12, 1 << 18, 1 << 22, 1 << 26])  # also 4 KB, 64 MB
     reps = args.reps or (3 if args.quick else 10)
-    segments = ([_parse_size(s) for s in args.segment_bytes] if args.segment_bytes else None)
-    link = config.link_gbps(args.link_gbps, "--link-gbps") if args.link_gbps \
-        else config.read("CCL_LINK_GBPS")
+    segments = args.segment_bytes
+    link = args.link_gbps or config.read("CCL_LINK_GBPS")
     ccl.warmup([c.codec_id for c in codecs])
     rank0 = comm.rank == 0
     if link == "probe":
@@ -401,6 +420,11 @@ def main(argv=None):
               "rank; 'vs MPI' = MPI_Allreduce time / this time, same data, same run"
               + (", MPI_Allreduce timed in alternation with each row)" if args.paired
                  else ")"))
+        wire = args.wire_gbps or (link if isinstance(link, float) else None)
+        print(textwrap.fill(f"Units: sizes in binary KB/MB (1 KB = 1024 bytes), rates in "
+                            f"Gbit/s (10^9 bit/s); wire bound at "
+                            f"{'no link rate' if wire is None else f'{wire:g} Gbit/s'}. "
+                            + FOOTER, 100))
         if args.csv:
             with open(args.csv, "w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=list(rows[0]), extrasaction="ignore")

@@ -181,10 +181,13 @@ class EmulatedCluster(EmulatedNetwork):
 
     def environment(self, env=None):
         """The environment for :meth:`run`: ``env`` (default: this process's) plus MPICH's
-        settings for the emulated network and ``CCL_LOCAL_SIZE`` for several ranks per host."""
+        settings for the emulated network, ``CCL_LOCAL_SIZE`` for several ranks per host,
+        and the links' rate in ``CCL_BENCH_WIRE_GBPS`` (the wire bound of
+        ``python -m ccl.bench``; ``auto`` still measures the link itself)."""
         merged = dict(os.environ if env is None else env, HYDRA_LAUNCHER="fork")
         if self.emulated:
             merged.update(NETWORK_ENV)
+            merged.setdefault("CCL_BENCH_WIRE_GBPS", f"{rate_bits_per_s(self.rate) / 1e9:g}")
             if self.ranks_per_host == 1:
                 merged.update(ONE_RANK_ENV)
         if self.ranks_per_host > 1:

@@ -282,8 +282,8 @@ def main(argv=None):
     parser.add_argument("--algorithm", default="fit",
                         help="algorithm of DistributedOptimizer; 'fit' (default): the one "
                              "that fits each codec, which 'auto' also picks on a link slow "
-                             "enough for compression to pay ('auto' on an unknown link sends "
-                             "uncompressed)")
+                             "enough for compression to pay ('auto' measures the link unless "
+                             "CCL_LINK_GBPS gives its speed)")
     parser.add_argument("--json", help="write the rows (with per-epoch curves) here")
     parser.add_argument("--plot", help="write a PNG of accuracy curves and wall times here")
     args = parser.parse_args(argv)

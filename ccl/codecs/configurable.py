@@ -9,10 +9,56 @@ header carries, so that a payload made with another configuration is
 rejected. :class:`ccl.codecs.Codec` inherits it.
 """
 
+import difflib
+import inspect
 import json
 import zlib
 
-__all__ = ["Configurable"]
+__all__ = ["Configurable", "check_parameters"]
+
+
+def check_parameters(cls, params):
+    """Raise ``ValueError`` unless every name in ``params`` is a parameter of ``cls``.
+
+    Python's own ``TypeError`` for an unexpected keyword names neither the
+    codec's parameters nor the likely intended one; this message does.
+
+    Parameters
+    ----------
+    cls : type
+        A codec class.
+    params : mapping
+        The keyword arguments about to be given to ``cls``.
+
+    Raises
+    ------
+    ValueError
+        Naming the unknown parameters, the closest known name, and every
+        parameter with its default.
+
+    Examples
+    --------
+    >>> from ccl.codecs import THCCodec
+    >>> check_parameters(THCCodec, {"bit": 4})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: codec 'thc' has no parameter 'bit' (did you mean 'bits'?); its parameters: ...
+    """
+    signature = inspect.signature(cls.__init__)
+    known = {name: p for name, p in signature.parameters.items()
+             if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        return
+    unknown = [name for name in params if name not in known]
+    if not unknown:
+        return
+    close = difflib.get_close_matches(unknown[0], known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    listed = ", ".join(name if p.default is p.empty else f"{name}={p.default!r}"
+                       for name, p in known.items()) or "none"
+    names = ", ".join(repr(name) for name in unknown)
+    raise ValueError(f"codec {cls.codec_id!r} has no parameter{'s' * (len(unknown) > 1)} "
+                     f"{names}{hint}; its parameters: {listed}")
 
 
 class Configurable:
@@ -66,12 +112,13 @@ class Configurable:
         Raises
         ------
         ValueError
-            If the id names another codec, or a parameter is invalid.
+            If the id names another codec, or a parameter is unknown or invalid.
         """
         config = dict(config)
         codec_id = config.pop("id", cls.codec_id)
         if codec_id != cls.codec_id:
             raise ValueError(f"config is for codec {codec_id!r}, not {cls.codec_id!r}")
+        check_parameters(cls, config)
         return cls(**config)
 
     @property

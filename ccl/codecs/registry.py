@@ -1,6 +1,7 @@
 """The codec registry: ids to classes (:func:`register_codec`, :func:`get_codec`)."""
 
 from .base import Codec
+from .configurable import check_parameters
 from .header import claim_wire_id
 
 __all__ = ["register_codec", "registered_codecs", "get_codec"]
@@ -82,7 +83,8 @@ def get_codec(spec=None, **params):
     Raises
     ------
     ValueError
-        For an unknown id (the message lists the known ones) or bad parameters.
+        For an unknown id (the message lists the known ones), an unknown
+        parameter (the message lists the codec's parameters) or a bad value.
     TypeError
         For a spec of another type, or parameters given with a config or codec.
 
@@ -93,6 +95,10 @@ def get_codec(spec=None, **params):
     FP16Codec()
     >>> get_codec({"id": "none"}) == get_codec("none")
     True
+    >>> get_codec({"id": "thc", "bit": 4})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: codec 'thc' has no parameter 'bit' (did you mean 'bits'?); its parameters: ...
     """
     if isinstance(spec, Codec):
         if params:
@@ -117,4 +123,5 @@ def get_codec(spec=None, **params):
     if cls is None:
         raise ValueError(f"unknown codec {codec_id!r}; known codecs: "
                          f"{', '.join(registered_codecs())}")
+    check_parameters(cls, params)
     return cls(**params)
