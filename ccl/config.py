@@ -206,7 +206,8 @@ VARIABLES = {v.name: v for v in (
              "the job; the `timeout=` argument overrides it."),
     Variable("CCL_LINK_GBPS", link_gbps, "measured once per communicator",
              "Link speed in Gbit/s for `algorithm=\"auto\"`'s cost model; `probe` measures "
-             "it (the default when unset); `link_gbps=` overrides it."),
+             "it, the same as unset (ranks with `probe` and ranks without agree); "
+             "`link_gbps=` overrides it."),
     Variable("CCL_SEGMENT_BYTES", segment_bytes, "1048576",
              "Payload bytes per pipeline segment of ring and direct; 0 turns pipelining off; "
              "`segment_bytes=` overrides it."),
