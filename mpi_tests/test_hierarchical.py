@@ -44,7 +44,7 @@ def test_hierarchical_sums_like_the_flat_algorithms(comm, monkeypatch, codec):
 @pytest.mark.mpi(min_size=2)
 def test_error_feedback_conserves_mass_across_nodes(comm, monkeypatch):
     p = comm.size
-    _nodes(monkeypatch, 2 if p % 2 == 0 else 1)
+    _nodes(monkeypatch, _cross_nodes(p))
     mine = comm.Dup()
     try:
         c = ccl.Communicator(mine, codec="test-stepquant", algorithm="hierarchical",
@@ -100,7 +100,7 @@ def test_auto_picks_hierarchical_on_nodes_of_several_ranks(comm, monkeypatch):
 
 @pytest.mark.mpi(min_size=2)
 def test_a_failure_on_one_node_raises_on_every_rank(comm, monkeypatch):
-    _nodes(monkeypatch, 2 if comm.size % 2 == 0 else 1)
+    _nodes(monkeypatch, _cross_nodes(comm.size))  # one node compresses nothing
     mine = comm.Dup()
     try:
         codec = ccl.codecs.get_codec("3lc")
