@@ -162,3 +162,29 @@ def test_sub_communicators_name_world_ranks(comm):
             else f"world rank {first} (rank 0 of {odd.size} of its node)")
     finally:
         odd.Free()
+
+
+@pytest.mark.mpi(min_size=4)
+def test_thc_training_runs_on_where_auto_picks_hierarchical(comm, monkeypatch):
+    """``DistributedOptimizer(codec="thc")`` stopped at step 2 on nodes of several ranks."""
+    torch = pytest.importorskip("torch")
+    import ccl.torch as ct
+
+    if comm.size % 2:
+        pytest.skip("needs nodes of two ranks")
+    monkeypatch.setenv("CCL_LOCAL_SIZE", "2")
+    monkeypatch.setenv("CCL_LINK_GBPS", "0.01")  # a slow link: auto compresses across nodes
+    ct.init(comm)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(256, 128)  # 128 KB of weights: compressed
+        opt = ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                      named_parameters=model.named_parameters(), codec="thc")
+        data = torch.randn(8, 256, generator=torch.Generator().manual_seed(comm.rank))
+        for _ in range(3):
+            opt.zero_grad()
+            model(data).square().mean().backward()
+            opt.step()
+        assert_same_on_all_ranks(comm, model.weight.detach().numpy())
+    finally:
+        ct.shutdown()
