@@ -234,10 +234,13 @@ class Waiting:
 
     def _warn_stall(self, what, waited):
         missing, elsewhere = self._missing()
-        names = ", ".join(self.who(r) for r in missing) or "none"
         text = (f"ccl: stall: {self.who(self.rank)} has waited {waited:.0f} s in "
-                f"{self.activity} for {what}; no word from {names}: they have not joined "
-                "this collective, or are stuck inside it")
+                f"{self.activity} for {what}; ")
+        if missing:
+            text += (f"no word from {', '.join(self.who(r) for r in missing)}: they have not "
+                     "joined this collective, or are stuck inside it")
+        else:
+            text += "every rank has joined it and waits too"
         if elsewhere:
             text += (f" ({', '.join(self.who(r) for r in elsewhere)} waited in another "
                      "collective of this communicator)")
