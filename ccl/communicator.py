@@ -9,7 +9,7 @@ take only the array positionally (:mod:`ccl.arguments`).
 
 import collections
 
-from . import collectives
+from . import collectives, config
 from .arguments import array_first, by_look, world_or
 from .collectives import Options
 from .collectives.auto import MIN_COMPRESS_BYTES
@@ -67,7 +67,7 @@ class Communicator:
         Link speed in Gbit/s for ``algorithm="auto"``'s cost model (see
         :mod:`ccl.collectives.auto`). ``None``: ``CCL_LINK_GBPS``, else
         measured once per communicator when ``auto`` first needs it;
-        ``"probe"`` measures it here, now (collective).
+        ``"probe"``: the same as ``None`` (measured in the first call that needs it).
     cross_algorithm : str or None
         With ``algorithm="hierarchical"`` (nodes of several ranks: exact
         inside a node, compressed across), the flat algorithm across nodes
@@ -99,9 +99,6 @@ class Communicator:
             timeout=timeout, partition_bytes=partition_bytes,
             min_compress_bytes=min_compress_bytes, segment_bytes=segment_bytes,
             link_gbps=link_gbps, cross_algorithm=cross_algorithm)
-        if self.options.link_gbps == "probe":  # measured now, once per communicator
-            self.options = self.options.replace(
-                link_gbps=collectives.plan.probed_link_gbps(self._channel))
         if not isinstance(lr_corrected, bool):
             raise TypeError(f"lr_corrected must be True or False, got {lr_corrected!r}")
         self.lr_corrected = lr_corrected
@@ -128,10 +125,11 @@ class Communicator:
             ``calls`` (collectives run), ``bytes_sent`` (payload bytes this
             rank put on the wire for them, ccl's own count), ``algorithms``
             (how many calls ran each algorithm, ``auto`` resolved) and
-            ``link_gbps`` (the link speed ``auto`` measured or was given;
-            None until it was needed) and ``threads`` (the numba threads
-            this rank's kernels use, :mod:`ccl.threads`; None before the
-            first call, or when ``NUMBA_NUM_THREADS`` decides).
+            ``link_gbps`` (the link speed ``auto`` uses: ``link_gbps=``,
+            else ``CCL_LINK_GBPS``, else the one it measured; None until
+            measured) and ``threads`` (the numba threads this rank's kernels
+            run on, :mod:`ccl.threads`, at most numba's pool size; None
+            before the first call, or when ``NUMBA_NUM_THREADS`` decides).
 
         Examples
         --------
@@ -142,6 +140,7 @@ class Communicator:
         1
         """
         link, budget = self.options.link_gbps, self._channel.thread_budget
+        link = config.read_or_none("CCL_LINK_GBPS") if link is None else link  # as the calls
         return {"calls": self._calls, "bytes_sent": self._bytes_sent,
                 "algorithms": dict(self._algorithms),
                 "link_gbps": self._channel.probed_link_gbps if link in (None, "probe")

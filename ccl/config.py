@@ -13,7 +13,11 @@ Keyword arguments and ``Communicator`` options are checked by the same
 functions (:func:`timeout_seconds`, :func:`segment_bytes`, ...), so a value
 means the same whether it comes from the environment or from code. A
 ``CCL_*`` variable that ccl does not know gets a warning once, when ``ccl``
-is imported (a typo would otherwise be silently ignored).
+is imported (a typo would otherwise be silently ignored); Intel oneCCL's own
+variables (``CCL_ROOT``, ``CCL_WORKER_COUNT``, ...) are left alone. Every
+collective parses every variable before its agreement and makes the outcome
+part of it (:func:`check_environment`): a bad value on one rank raises on
+every rank.
 
 >>> from ccl import config
 >>> config.timeout_seconds("0"), config.timeout_seconds(2), config.timeout_seconds(None)
@@ -29,8 +33,8 @@ import warnings
 from dataclasses import dataclass
 
 __all__ = ["VARIABLES", "Variable", "read", "switch", "timeout_seconds", "byte_count",
-           "segment_bytes",
-           "link_gbps", "positive_int", "unknown_variables", "warn_unknown"]
+           "segment_bytes", "period_seconds", "read_or_none", "check_environment",
+           "is_oneccl_variable", "link_gbps", "positive_int", "unknown_variables", "warn_unknown"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -84,7 +88,8 @@ def _integer(value):
     """``value`` as an int if it is an integer (or its decimal text), else None."""
     if isinstance(value, str):
         text = value.strip()
-        return int(text) if text.isdigit() else None
+        # str.isdigit() accepts "²" and other digits int() refuses: ASCII digits only
+        return int(text) if text.isascii() and text.isdigit() else None
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         return None
     return int(value)
@@ -169,6 +174,25 @@ def positive_int(value, name="value"):
     return number
 
 
+def period_seconds(value, name="value"):
+    """Parse a period: positive seconds; ``math.inf`` (off) for 0; None if not given.
+
+    Raises
+    ------
+    ValueError
+        For a negative, NaN or non-numeric value.
+    """
+    if not _given(value):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not seconds >= 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0 (0: off), got {value!r}")
+    return math.inf if seconds == 0 else seconds
+
+
 def _path(value, name="value"):
     return _text(value) or None
 
@@ -190,7 +214,8 @@ VARIABLES = {v.name: v for v in (
              "the job; the `timeout=` argument overrides it."),
     Variable("CCL_LINK_GBPS", link_gbps, "measured once per communicator",
              "Link speed in Gbit/s for `algorithm=\"auto\"`'s cost model; `probe` measures "
-             "it (the default when unset); `link_gbps=` overrides it."),
+             "it, the same as unset (ranks with `probe` and ranks without agree); "
+             "`link_gbps=` overrides it."),
     Variable("CCL_SEGMENT_BYTES", segment_bytes, "1048576",
              "Payload bytes per pipeline segment of ring and direct; 0 turns pipelining off; "
              "`segment_bytes=` overrides it."),
@@ -221,6 +246,10 @@ VARIABLES = {v.name: v for v in (
     Variable("CCL_BENCH_WIRE_GBPS", _gbit_rate, "unset",
              "`python -m ccl.bench`: link rate in Gbit/s of the wire bound (`--wire-gbps`); "
              "`python -m ccl.bench.cluster` sets it to its links' rate."),
+
+    Variable("CCL_STALL_CHECK_SECONDS", period_seconds, "60",
+             "Seconds a rank waits in a collective before it warns which ranks have not "
+             "joined it (and again every period while it waits); 0 turns the warning off."),
     Variable("CCL_TEST_GPU", switch, "0",
              "Test suite: a missing GPU or cupy fails the GPU tests instead of skipping them.",
              tests_only=True),
@@ -278,10 +307,75 @@ def read(name, environ=None):
 _PARSED = {}
 
 
+def read_or_none(name, environ=None):
+    """:func:`read`, but None for a bad value (for reports; the collectives raise on it)."""
+    try:
+        return read(name, environ)
+    except ValueError:
+        return None
+
+
+def check_environment(environ=None):
+    """Parse every ``CCL_*`` variable ccl reads; return the first error (None if all parse).
+
+    The collectives put the outcome into their agreement, so that a bad
+    value on one rank raises on every rank instead of on that rank only,
+    later, while the others wait.
+
+    Returns
+    -------
+    ValueError or None
+        The error of the first variable (in ``VARIABLES``' order) that
+        breaks its rule.
+    """
+    for name in _CHECKED:
+        try:
+            read(name, environ)
+        except ValueError as exc:
+            return exc
+    return None
+
+
+_CHECKED = tuple(name for name, v in VARIABLES.items() if not v.tests_only)
+
+#: Variables of Intel's oneCCL (its documented and its internal ones, ``src/common/env``
+#: of its sources, and ``CCL_ROOT``/``CCL_CONFIGURATION*`` that its ``vars.sh`` sets): a
+#: job that loads oneCCL too sets them for oneCCL, not as typos of ccl's. ``CCL_LOCAL_SIZE``
+#: is both oneCCL's and ccl's (ranks on this node, the same meaning).
+ONECCL_VARIABLES = frozenset((
+    "CCL_ROOT", "CCL_CONFIGURATION", "CCL_CONFIGURATION_PATH", "CCL_LOCAL_RANK",
+    "CCL_PROCESS_LAUNCHER", "CCL_LOG_LEVEL", "CCL_ABORT_ON_THROW", "CCL_QUEUE_DUMP",
+    "CCL_SCHED_DUMP", "CCL_SCHED_PROFILE", "CCL_ENTRY_MAX_UPDATE_TIME_SEC", "CCL_FRAMEWORK",
+    "CCL_UNORDERED_COLL", "CCL_PRIORITY", "CCL_SPIN_COUNT", "CCL_YIELD",
+    "CCL_MAX_SHORT_SIZE", "CCL_BCAST_PART_COUNT", "CCL_CACHE_KEY", "CCL_CACHE_FLUSH",
+    "CCL_BUFFER_CACHE", "CCL_STRICT_ORDER", "CCL_STAGING_BUFFER", "CCL_OP_SYNC",
+    "CCL_CHUNK_COUNT", "CCL_MIN_CHUNK_SIZE", "CCL_ALGO_FALLBACK", "CCL_BARRIER",
+    "CCL_BCAST", "CCL_BCASTEXT", "CCL_RECV", "CCL_SEND", "CCL_CHECK_INPLACE_ALIASING",
+    "CCL_BACKEND", "CCL_MPI_LIBRARY_PATH", "CCL_OFI_LIBRARY_PATH", "CCL_USE_HMEM",
+    "CCL_PMIX_LIBRARY_PATH", "CCL_ITT_LEVEL", "CCL_DEBUG_TIMESTAMPS_LEVEL", "CCL_BF16",
+    "CCL_FP16", "CCL_MNIC", "CCL_MNIC_NAME", "CCL_MNIC_COUNT", "CCL_MNIC_OFFSET",
+))
+#: Prefixes of oneCCL's families of variables (per collective, transport, GPU, launcher).
+ONECCL_PREFIXES = ("CCL_ALLGATHER", "CCL_ALLREDUCE", "CCL_ALLTOALL", "CCL_REDUCE",
+                   "CCL_BCAST_", "CCL_BARRIER_", "CCL_ATL_", "CCL_ZE_", "CCL_KVS_",
+                   "CCL_WORKER_", "CCL_FUSION", "CCL_KERNEL_", "CCL_TOPO_", "CCL_SYCL_",
+                   "CCL_RS_")
+
+
+def is_oneccl_variable(name):
+    """Whether ``name`` is one of Intel oneCCL's variables (left alone by ccl).
+
+    >>> is_oneccl_variable("CCL_WORKER_COUNT"), is_oneccl_variable("CCL_TIMOUT")
+    (True, False)
+    """
+    return name in ONECCL_VARIABLES or name.startswith(ONECCL_PREFIXES)
+
+
 def unknown_variables(environ=None):
-    """``CCL_*`` variables set in ``environ`` that ccl does not know, sorted."""
+    """``CCL_*`` variables set in ``environ`` that neither ccl nor oneCCL knows, sorted."""
     env = os.environ if environ is None else environ
-    return sorted(name for name in env if name.startswith("CCL_") and name not in VARIABLES)
+    return sorted(name for name in env if name.startswith("CCL_") and name not in VARIABLES
+                  and not is_oneccl_variable(name))
 
 
 def warn_unknown(environ=None):

@@ -88,7 +88,7 @@ def launcher_world_size(environ=None):
     env = os.environ if environ is None else environ
     for name, _ in LAUNCH_VARIABLES:
         value = str(env.get(name, "")).strip()
-        if value.isdigit() and int(value) > 0:
+        if value.isascii() and value.isdigit() and int(value) > 0:
             return int(value), name
     return None, None
 
@@ -194,7 +194,7 @@ def local_size_override(environ=None):
     return config.read("CCL_LOCAL_SIZE", environ)
 
 
-def node_comm(comm=None, environ=None):
+def node_comm(comm=None, environ=None, wait=None):
     """A new communicator of the ranks of ``comm`` on this rank's node (collective).
 
     Nodes are the ranks that share memory (``comm.Split_type(COMM_TYPE_SHARED)``)
@@ -208,6 +208,10 @@ def node_comm(comm=None, environ=None):
         Default ``MPI.COMM_WORLD``. Every rank of it must call.
     environ : mapping, optional
         Environment to read ``CCL_LOCAL_SIZE`` from (default ``os.environ``).
+    wait : callable, optional
+        ``wait(request, what)`` completes the agreement's exchange (ccl's
+        channels pass theirs, which honours the timeout); the split after it
+        is a blocking MPI call, entered once every rank has arrived.
 
     Returns
     -------
@@ -238,7 +242,7 @@ def node_comm(comm=None, environ=None):
     except ValueError as exc:
         error = exc
     # a rank with another k would build other nodes: the splits would not match
-    agree(comm, "node_comm (CCL_LOCAL_SIZE)", [("CCL_LOCAL_SIZE", size)], error)
+    agree(comm, "node_comm (CCL_LOCAL_SIZE)", [("CCL_LOCAL_SIZE", size)], error, wait=wait)
     if size is None:
         return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     return comm.Split(MPI.COMM_WORLD.Get_rank() // size, key=comm.Get_rank())

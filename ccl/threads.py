@@ -142,9 +142,11 @@ def fair_share(cores, ranks):
 def channel_budget(channel):
     """``(threads, share)`` of ``channel``'s ranks, found once (collective the first time).
 
-    ``threads`` is :func:`budget`'s answer for this rank; ``share`` is the
-    smallest :func:`fair_share` of any rank, agreed so that ``auto`` decides
-    alike everywhere.
+    ``threads`` is :func:`budget`'s answer for this rank, capped at numba's
+    pool size (``NUMBA_NUM_THREADS``, what :func:`budgeted` can set: the
+    threads the kernels really run on); ``share`` is the smallest
+    :func:`fair_share` of any rank, agreed so that ``auto`` decides alike
+    everywhere.
     """
     if channel.thread_budget is None:
         cores = available_cores()
@@ -152,7 +154,10 @@ def channel_budget(channel):
         shares = np.empty(1)
         channel.wait(channel.comm.Iallreduce(np.array([fair_share(cores, ranks)]), shares,
                                              op=MPI.MIN), "the cores of every rank")
-        channel.thread_budget = (budget(cores, ranks), float(shares[0]))
+        threads = budget(cores, ranks)
+        if threads is not None:
+            threads = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
+        channel.thread_budget = (threads, float(shares[0]))
     return channel.thread_budget
 
 

@@ -10,40 +10,29 @@ Receives do not need to know a payload's size in advance: a matched probe
 encoding) need no extra round trip. Every wait polls with a deadline
 (``timeout`` argument or ``CCL_TIMEOUT`` seconds); when it passes, the rank
 reports which collective and key it was waiting on and aborts the job, so a
-dead or diverged peer never hangs the job forever. Between tests a waiting
-rank yields its core (see ``POLL_SPIN_S``).
+dead or diverged peer never hangs the job forever; a wait that lasts warns
+which ranks are missing (:mod:`ccl.waits`, which holds the waiting). Between
+tests a waiting rank yields its core (see ``POLL_SPIN_S``). Creating the
+channel (the duplicate) is collective: the ranks first agree that their
+``CCL_*`` variables parse, and both steps wait with ``CCL_TIMEOUT``'s deadline.
 
 Device (cupy) payloads go through :class:`ccl._staging.Stager`: straight to
 a CUDA-aware MPI after a stream synchronisation, otherwise staged through
 pinned host buffers that are reused across calls.
 """
 
-import contextlib
-import math
-import os
-import sys
 import threading
-import time
 
 import numpy as np
 from mpi4py import MPI
 
+from . import config
 from ._staging import Stager, cuda_aware
+from .agreement import agree
 from .launch import check_launch, node_comm
+from .waits import POLL_SLEEP_MAX_S, POLL_SPIN_S, Waiting, stall_period, wait_for
 
 __all__ = ["Channel", "channel", "comm_cache", "POLL_SPIN_S", "POLL_SLEEP_MAX_S"]
-
-#: Seconds a wait tests its request and yields the core between tests
-#: (``sched_yield``), before it sleeps between them. Yielding lets a rank that
-#: shares the core (more ranks than cores) compute the message being waited
-#: for, which MPI's own blocking wait, spinning, holds up for a scheduler time
-#: slice; sleeping from the start adds its sleeps to every short wait
-#: (docs/benchmarks.md, "Latency").
-POLL_SPIN_S = 0.01
-#: The longest sleep between tests once a wait has lasted ``POLL_SPIN_S``:
-#: a rank far ahead of its peers gives its core back, at this much latency.
-POLL_SLEEP_MAX_S = 1e-3
-_yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 _BYTE = MPI.BYTE
 _KEYVAL = None
@@ -52,7 +41,7 @@ _LAUNCH_CHECKED = False  # ccl.launch.check_launch passed once in this process
 _CACHE_LOCK = threading.Lock()
 
 
-class Channel:
+class Channel(Waiting):
     """The private duplicate of a user communicator, with ccl's per-communicator state.
 
     Attributes
@@ -80,8 +69,8 @@ class Channel:
     such a pairing raises instead of mixing data: see docs/reliability.md.)
     """
 
-    def __init__(self, comm, duplicate=True):
-        self.comm = comm.Dup() if duplicate else comm
+    def __init__(self, comm, duplicate=True, scope=None):
+        self.comm = _duplicate(comm) if duplicate else comm
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.calls = 0
@@ -103,6 +92,7 @@ class Channel:
         self.backend = None  # of the current collective's arrays (set by use_backend)
         self._stagers = {}  # backend name -> Stager, so pinned buffers outlive a call
         self._topology = None
+        self.init_waiting(scope)  # reports name world ranks; the stall inspector
 
     def free(self):
         """Free the private communicator, and the node's (idempotent)."""
@@ -145,6 +135,8 @@ class Channel:
         self._tag = (self._tag + 1) % self._tag_ub
         self.activity = activity
         self.timeout = timeout
+        self.stall = stall_period()
+        self.forget_stalls()
         return self._tag
 
     def end(self, completed=True):
@@ -192,74 +184,6 @@ class Channel:
     def _landed(self, buf):
         return buf if self._stager is None else self._stager.finish(buf)
 
-    # ------------------------------------------------------------------ waits
-    def _deadline(self):
-        if self.timeout is None or math.isinf(self.timeout):
-            return None
-        return time.monotonic() + self.timeout
-
-    def _abort(self, what, cause):
-        message = (f"ccl: rank {self.rank} of {self.size} {what} in {self.activity}; {cause}. "
-                   "Aborting the job.")
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
-        self.comm.Abort(3)
-
-    def _timed_out(self, what):
-        self._abort(f"timed out after {self.timeout:g} s waiting for {what}",
-                    "that rank may have died or hung, may have raised an exception in its "
-                    "own code, or may have called a different collective")
-
-    @contextlib.contextmanager
-    def _reporting(self, what):
-        # A peer that died mid-transfer can make MPI fail instead of block (e.g. MPICH's
-        # shared-memory copy from a vanished process). The collective cannot be finished
-        # on any rank, so report it like a timeout instead of raising on this rank only
-        # while the others wait.
-        try:
-            yield
-        except MPI.Exception as exc:
-            # the class ("Other MPI error") and the innermost line of MPICH's error stack
-            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-            error = MPI.Get_error_string(exc.Get_error_class())
-            if len(lines) > 1:
-                error = f"{error}: {lines[-1]}"
-            self._abort(f"got an MPI error waiting for {what} ({error})",
-                        "the MPI library could not complete the transfer, which usually means "
-                        "a peer rank died")
-
-    def wait(self, request, what):
-        """Wait for one request, polling against the deadline."""
-        with self._reporting(what):
-            self._wait(request, what)
-
-    def _wait(self, request, what):
-        self._poll(request.Test, what)
-
-    def _poll(self, test, what):
-        """Call ``test()`` until it returns something true, and return that.
-
-        Yields the core between tests for ``POLL_SPIN_S``, then sleeps
-        between them (up to ``POLL_SLEEP_MAX_S``); aborts the job once
-        the call's deadline has passed.
-        """
-        done = test()
-        if done:
-            return done
-        deadline, start, pause = self._deadline(), time.monotonic(), 5e-5
-        while True:
-            done = test()
-            if done:
-                return done
-            now = time.monotonic()
-            if deadline is not None and now > deadline:
-                self._timed_out(what)
-            if now - start < POLL_SPIN_S:
-                _yield_core()
-            else:
-                time.sleep(pause)
-                pause = min(2 * pause, POLL_SLEEP_MAX_S)
-
     # ---------------------------------------------------------- point to point
     def isend(self, payload, dest, tag):
         """Start sending ``payload`` to ``dest``; return the request."""
@@ -271,13 +195,13 @@ class Channel:
 
     def recv(self, source, tag):
         """Receive a payload of any length from ``source``."""
-        with self._reporting(f"a message from rank {source}"):
+        with self._reporting(f"a message from {self.who(source)}"):
             return self._recv(source, tag)
 
     def _recv(self, source, tag):
         status = MPI.Status()
         message = self._poll(lambda: self.comm.Improbe(source, tag, status),
-                             f"a message from rank {source}")
+                             f"a message from {self.who(source)}")
         buf = self._landing(status.Get_count(_BYTE))
         message.Recv([buf, _BYTE])
         return self._landed(buf)
@@ -286,7 +210,7 @@ class Channel:
         """Send to ``dest`` while receiving from ``source``; return what arrived."""
         request = self.isend(payload, dest, tag)
         received = self.recv(source, tag)
-        self.wait(request, f"the send to rank {dest}")
+        self.wait(request, f"the send to {self.who(dest)}")
         return received
 
     # ------------------------------------------------------------ collectives
@@ -318,7 +242,7 @@ class Channel:
     def bcast(self, payload, root):
         """Broadcast a payload of any length from ``root``; return it on every rank."""
         size = np.array([payload.size if self.rank == root else 0], dtype=np.int64)
-        self.wait(self.comm.Ibcast([size, MPI.INT64_T], root), f"the size from rank {root}")
+        self.wait(self.comm.Ibcast([size, MPI.INT64_T], root), f"the size from {self.who(root)}")
         buf = self._wire(payload) if self.rank == root else self._landing(int(size[0]))
         # binomial broadcast: a rank sends one copy to each of its children
         relative = (self.rank - root) % self.size
@@ -327,7 +251,7 @@ class Channel:
             if relative + mask < self.size:
                 self.bytes_sent += int(size[0])
             mask <<= 1
-        self.wait(self.comm.Ibcast([buf, _BYTE], root), f"the payload from rank {root}")
+        self.wait(self.comm.Ibcast([buf, _BYTE], root), f"the payload from {self.who(root)}")
         return payload if self.rank == root else self._landed(buf)
 
     def allreduce_sum(self, x):
@@ -391,14 +315,18 @@ class Topology:
     """
 
     def __init__(self, channel):
-        local = node_comm(channel.comm)
+        # the agreement inside node_comm waits with the channel's deadline: every rank has
+        # reached this point before the splits (which MPI offers only as blocking calls)
+        local = node_comm(channel.comm, wait=channel.wait)
         cross = channel.comm.Split(local.Get_rank(), key=channel.rank)
-        self.local, self.cross = Channel(local, duplicate=False), Channel(cross, duplicate=False)
+        self.local = Channel(local, duplicate=False, scope="its node")
+        self.cross = Channel(cross, duplicate=False, scope="the ranks across nodes")
         # every rank learns every node's size: (first rank of my node, my node's size)
         mine = np.array([channel.rank if local.Get_rank() == 0 else -1, local.Get_size()],
                         dtype=np.int64)
         rows = np.empty((channel.size, 2), dtype=np.int64)
-        channel.comm.Allgather([mine, MPI.INT64_T], [rows, MPI.INT64_T])
+        channel.wait(channel.comm.Iallgather([mine, MPI.INT64_T], [rows, MPI.INT64_T]),
+                     "the node sizes of every rank")
         self.node_sizes = [int(size) for first, size in rows if first >= 0]
 
     @property
@@ -474,9 +402,6 @@ def channel(comm):
     """
     global _LAUNCH_CHECKED
     _check_usable(comm)
-    if not _LAUNCH_CHECKED:
-        check_launch()
-        _LAUNCH_CHECKED = True
     if not isinstance(comm, MPI.Intracomm):
         raise TypeError(f"comm must be an mpi4py intracommunicator (e.g. MPI.COMM_WORLD), "
                         f"got {type(comm).__name__}")
@@ -489,4 +414,33 @@ def channel(comm):
             ch = cache.get("channel")
             if ch is None:
                 ch = cache["channel"] = Channel(comm)
+    if not _LAUNCH_CHECKED:
+        # after the channel's creation, whose agreement has checked every CCL_* variable
+        # (CCL_SKIP_LAUNCH_CHECK among them) on every rank
+        check_launch()
+        _LAUNCH_CHECKED = True
     return ch
+
+
+def _duplicate(comm):
+    """The private duplicate of ``comm`` (collective), after every rank checked its variables.
+
+    Every ``CCL_*`` variable is parsed first and the ranks agree on the
+    outcome, so a bad value on one rank raises on every rank (before, the
+    others would wait in the duplication forever). Both waits honour
+    ``CCL_TIMEOUT``.
+    """
+    error = config.check_environment()
+    try:
+        timeout = config.read("CCL_TIMEOUT")
+    except ValueError:
+        timeout = None  # the agreement reports it
+    activity = "the creation of ccl's private communicator"
+
+    def wait(request, what):
+        wait_for(comm, request, what, activity, timeout)
+
+    agree(comm, activity, [], error, wait=wait)
+    new, request = comm.Idup()
+    wait(request, "every rank to duplicate the communicator (MPI_Comm_idup)")
+    return new

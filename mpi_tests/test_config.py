@@ -101,3 +101,46 @@ def test_variables_the_slurm_templates_read_draw_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         config.warn_unknown({"CCL_SLURM_DIR": "/x", "CCL_SRUN_MPI": "pmi2", "CCL_NODE_TMP": "/t"})
+
+@pytest.mark.parametrize("name", ["CCL_LOCAL_SIZE", "CCL_NUM_THREADS", "CCL_SEGMENT_BYTES"])
+@pytest.mark.parametrize("text", ["\u00b2", "\u0663", "\uff14"])  # superscript 2, Arabic 3, wide 4
+def test_digits_int_refuses_name_the_variable(name, text):
+    with pytest.raises(ValueError, match=name):
+        config.read(name, {name: text})
+    assert config.check_environment({name: text}) is not None
+
+
+def test_launcher_variables_with_other_digits_are_ignored():
+    from ccl import launch
+
+    assert launch.launcher_world_size({"PMI_SIZE": "\u00b2"}) == (None, None)
+
+
+def test_every_variable_is_checked_in_one_call():
+    assert config.check_environment({}) is None
+    error = config.check_environment({"CCL_TIMEOUT": "2", "CCL_STALL_CHECK_SECONDS": "x"})
+    assert isinstance(error, ValueError) and "CCL_STALL_CHECK_SECONDS" in str(error)
+    assert config.read("CCL_STALL_CHECK_SECONDS", {"CCL_STALL_CHECK_SECONDS": "0"}) == math.inf
+
+
+ONECCL = ["CCL_ROOT", "CCL_CONFIGURATION", "CCL_CONFIGURATION_PATH", "CCL_WORKER_COUNT",
+          "CCL_WORKER_AFFINITY", "CCL_LOG_LEVEL", "CCL_ATL_TRANSPORT", "CCL_ALLREDUCE",
+          "CCL_ALLREDUCE_SCALEOUT", "CCL_ZE_ENABLE", "CCL_KVS_MODE", "CCL_PROCESS_LAUNCHER",
+          "CCL_LOCAL_RANK", "CCL_MNIC", "CCL_FUSION"]
+
+
+def test_oneccl_variables_are_left_alone():
+    env = dict.fromkeys(ONECCL, "1")
+    assert config.unknown_variables(env) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config.warn_unknown(env)
+    # a typo of ccl's own still warns next to them
+    assert config.unknown_variables(dict(env, CCL_TIMOUT="3")) == ["CCL_TIMOUT"]
+
+
+def test_importing_ccl_with_oneccl_variables_is_silent():
+    env = dict(os.environ, **dict.fromkeys(ONECCL, "1"))
+    out = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", "import ccl"],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "unknown ccl variable" not in out.stderr, out.stderr

@@ -7,6 +7,7 @@ import pytest
 from mpi4py import MPI
 
 import ccl
+from ccl.codecs import get_codec, registered_codecs
 from conftest import assert_same_on_all_ranks, exact_sum, rank_input
 
 CODECS = ["none", "fp16", "3lc", {"id": "thc", "bits": 4}, "topk"]
@@ -43,7 +44,7 @@ def test_hierarchical_sums_like_the_flat_algorithms(comm, monkeypatch, codec):
 @pytest.mark.mpi(min_size=2)
 def test_error_feedback_conserves_mass_across_nodes(comm, monkeypatch):
     p = comm.size
-    _nodes(monkeypatch, 2 if p % 2 == 0 else 1)
+    _nodes(monkeypatch, _cross_nodes(p))
     mine = comm.Dup()
     try:
         c = ccl.Communicator(mine, codec="test-stepquant", algorithm="hierarchical",
@@ -99,7 +100,7 @@ def test_auto_picks_hierarchical_on_nodes_of_several_ranks(comm, monkeypatch):
 
 @pytest.mark.mpi(min_size=2)
 def test_a_failure_on_one_node_raises_on_every_rank(comm, monkeypatch):
-    _nodes(monkeypatch, 2 if comm.size % 2 == 0 else 1)
+    _nodes(monkeypatch, _cross_nodes(comm.size))  # one node compresses nothing
     mine = comm.Dup()
     try:
         codec = ccl.codecs.get_codec("3lc")
@@ -115,5 +116,51 @@ def test_a_failure_on_one_node_raises_on_every_rank(comm, monkeypatch):
         with pytest.raises(MemoryError if failing else ccl.PeerError):
             ccl.compressed_allreduce(rank_input(comm.rank, 5000), codec, comm=mine,
                                      algorithm="hierarchical")
+    finally:
+        mine.Free()
+
+
+def _cross_nodes(p):
+    """Ranks per node for a layout with traffic across nodes: 2 where it divides p, else 1."""
+    return 2 if p % 2 == 0 and p > 2 else 1
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("codec", registered_codecs())
+def test_keyed_calls_of_every_codec_run_on_across_nodes(comm, monkeypatch, codec):
+    """The 2nd keyed call used to stop THC (the shared statistics read the slices' residuals)."""
+    p = comm.size
+    _nodes(monkeypatch, _cross_nodes(p))
+    mine = comm.Dup()
+    try:
+        c = ccl.Communicator(mine, codec=codec, algorithm="hierarchical", min_compress_bytes=0)
+        n, delivered, put_in = 10_000, np.zeros(10_000), np.zeros(10_000)
+        for step in range(4):
+            y = c.allreduce(rank_input(comm.rank, n, step=step), key="w")
+            assert_same_on_all_ranks(comm, y)
+            delivered += y
+            put_in += exact_sum(p, n, step=step)
+        if get_codec(codec).error_feedback:  # nothing lost: delivered + held = put in
+            held = comm.allreduce(c.feedback.get("w").held(n), op=MPI.SUM)
+            scale = max(1.0, float(np.abs(put_in).max()))
+            np.testing.assert_allclose(delivered + held, put_in, atol=2e-2 * scale)
+    finally:
+        mine.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("codec", ["3lc", "thc", "topk", "onebit"])
+def test_one_node_is_exact(comm, monkeypatch, codec):
+    """With one node there is no link across nodes: nothing is compressed."""
+    _nodes(monkeypatch, comm.size)
+    mine = comm.Dup()
+    try:
+        for key in (None, "k", "k"):
+            x = rank_input(comm.rank, 5000)
+            y = ccl.compressed_allreduce(x, codec, comm=mine, algorithm="hierarchical",
+                                         key=key)
+            assert_same_on_all_ranks(comm, y)
+            np.testing.assert_allclose(y, exact_sum(comm.size, 5000), rtol=1e-5,
+                                       atol=1e-5 * comm.size)
     finally:
         mine.Free()

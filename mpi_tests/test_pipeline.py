@@ -262,7 +262,9 @@ def test_link_speed_must_agree(comm):
 @pytest.mark.mpi
 def test_probe_agrees_on_every_rank(comm):
     c = ccl.Communicator(comm, codec="onebit", link_gbps="probe")
-    speeds = comm.allgather(c.link_gbps)
+    # measured in the first call that needs it (512 KB per rank), collectively
+    c.allreduce(rank_input(comm.rank, 1 << 17))
+    speeds = comm.allgather(c.stats()["link_gbps"])
     assert speeds == [speeds[0]] * comm.size
     assert speeds[0] > 0 and (comm.size > 1 or math.isinf(speeds[0]))
     with pytest.raises(ValueError, match="link_gbps"):

@@ -53,7 +53,15 @@ PROBE_TARGET_S = 0.03
 PROBE_MAX_BYTES = 1 << 24
 
 
-def probe_link_gbps(comm):
+def _complete(request, wait, what):
+    """Wait for ``request``: with ``wait(request, what)`` (a deadline) or MPI's own wait."""
+    if wait is None:
+        request.Wait()
+    else:
+        wait(request, what)
+
+
+def probe_link_gbps(comm, wait=None):
     """Measure the link speed that ``MPI_Allreduce`` reaches, identically on every rank.
 
     Times ``MPI_Allreduce`` of float32 messages growing from
@@ -69,6 +77,10 @@ def probe_link_gbps(comm):
     ----------
     comm : mpi4py.MPI.Intracomm
         The communicator (ccl passes its private duplicate).
+    wait : callable, optional
+        ``wait(request, what)`` completes each (nonblocking) MPI call; ccl
+        passes its channel's, which honours the call's timeout. Default:
+        MPI's own wait.
 
     Returns
     -------
@@ -83,17 +95,19 @@ def probe_link_gbps(comm):
     x = np.ones(PROBE_MAX_BYTES // 4, dtype=np.float32)
     out = np.empty_like(x)
     n = PROBE_MIN_BYTES // 4
-    comm.Allreduce(x[:n], out[:n])  # connections and buffers are set up on first use
+    what = "the link probe (MPI_Allreduce of every rank)"
+    # connections and buffers are set up on first use
+    _complete(comm.Iallreduce(x[:n], out[:n]), wait, what)
     slowest = np.empty(1)
     while True:
         best = math.inf
         for _ in range(2):
-            comm.Barrier()
+            _complete(comm.Ibarrier(), wait, what)
             start = time.perf_counter()
-            comm.Allreduce(x[:n], out[:n])
+            _complete(comm.Iallreduce(x[:n], out[:n]), wait, what)
             best = min(best, time.perf_counter() - start)
         # the slowest rank's time decides, and every rank must take the same branch
-        comm.Allreduce(np.array([best]), slowest, op=MPI.MAX)
+        _complete(comm.Iallreduce(np.array([best]), slowest, op=MPI.MAX), wait, what)
         if slowest[0] >= PROBE_TARGET_S or n * 4 >= PROBE_MAX_BYTES:
             break
         n = min(n * PROBE_GROWTH, x.size)
@@ -104,7 +118,7 @@ def probe_link_gbps(comm):
 PROBE_LATENCY_ROUNDS = 5
 
 
-def probe_latency(comm):
+def probe_latency(comm, wait=None):
     """Measure one round of point-to-point messages around the ring, identically on every rank.
 
     Every rank sends a byte to its right neighbour and receives one from its
@@ -119,6 +133,8 @@ def probe_latency(comm):
     ----------
     comm : mpi4py.MPI.Intracomm
         The communicator (ccl passes its private duplicate).
+    wait : callable, optional
+        As for :func:`probe_link_gbps`.
 
     Returns
     -------
@@ -132,13 +148,16 @@ def probe_latency(comm):
         return 0.0
     out, into = np.zeros(1, np.uint8), np.empty(1, np.uint8)
     best = math.inf
+    what = "the latency probe (messages around the ring of ranks)"
     for _ in range(PROBE_LATENCY_ROUNDS):
-        comm.Barrier()
+        _complete(comm.Ibarrier(), wait, what)
         start = time.perf_counter()
-        comm.Sendrecv([out, MPI.BYTE], (r + 1) % p, 0, [into, MPI.BYTE], (r - 1) % p, 0)
+        receiving = comm.Irecv([into, MPI.BYTE], (r - 1) % p, 0)
+        _complete(comm.Isend([out, MPI.BYTE], (r + 1) % p, 0), wait, what)
+        _complete(receiving, wait, what)
         best = min(best, time.perf_counter() - start)
     slowest = np.empty(1)
-    comm.Allreduce(np.array([best]), slowest, op=MPI.MAX)
+    _complete(comm.Iallreduce(np.array([best]), slowest, op=MPI.MAX), wait, what)
     return float(slowest[0])
 
 

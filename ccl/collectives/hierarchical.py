@@ -20,7 +20,12 @@ every slice are shared inside the node, so every rank raises alike. Nodes
 come from :meth:`ccl.transport.Channel.topology` (shared memory, or
 ``CCL_LOCAL_SIZE``); they must hold the same number of ranks, else every
 rank raises ``ValueError`` (use a flat algorithm there). A node of one rank
-is the flat algorithm itself.
+is the flat algorithm itself; with **one node** of every rank there is no link
+between nodes, and the call is exact (the MPI library's reduce-scatter and
+allgather in the node, nothing compressed).
+
+A timeout report inside a node or across names the world ranks involved
+(the node's own communicator numbers them from 0).
 """
 
 import numpy as np
@@ -71,6 +76,10 @@ def _three_steps(call, x, local, cross, bounds, start):
         part = local.reduce_scatter_sum(x, bounds)
     finally:
         local.end()
+    if cross.size == 1:
+        # one node: no link between nodes to spare, so nothing is compressed; the node's
+        # exact sum is the result (a keyed call then holds no residual)
+        return _allgather_in_node(call, x, local, part, 0, bounds)
     module = call.cross
     parts = cross.size if module.CHUNKED else 1
     segments = (segment_count(part.size, parts, call.segment_bytes, call.codec.bits_per_value)
@@ -87,10 +96,15 @@ def _three_steps(call, x, local, cross, bounds, start):
     finally:
         cross.end(completed)
     call.take_over(inner)
-    local.begin(activity, timeout)
+    return _allgather_in_node(call, x, local, mine, inner.flags, bounds)
+
+
+def _allgather_in_node(call, x, local, mine, flags, bounds):
+    """Share the flags of every slice in the node, then allgather the node's slices."""
+    local.begin(call.channel.activity, call.channel.timeout)
     try:
         # every rank of the node learns the flags of every slice, so all raise alike
-        flags = np.array([inner.flags], dtype=np.int64)
+        flags = np.array([flags], dtype=np.int64)
         local.wait(local.comm.Iallreduce(MPI.IN_PLACE, [flags, MPI.INT64_T], op=MPI.BOR),
                    "the node's result flags")
         call.flags |= int(flags[0])

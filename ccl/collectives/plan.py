@@ -87,6 +87,12 @@ class Request:
             self.link_gbps = options.link_gbps
             if self.link_gbps is None:
                 self.link_gbps = config.read("CCL_LINK_GBPS")
+            if self.link_gbps == "probe":  # what unset means too: equal in the agreement
+                self.link_gbps = None
+            # every other variable too: a bad one on some ranks raises on every rank
+            error = config.check_environment()
+            if error is not None:
+                raise error
             self._validate(x)
         except (TypeError, ValueError) as exc:
             self.error = exc
@@ -158,7 +164,7 @@ class Request:
             cores, nodes, latency = 1.0, None, 0.0
             if auto.needs_link(codec, nbytes, channel.size, dtype, self.collective):
                 # every rank reaches this point alike (the decision's inputs were agreed)
-                if self.link_gbps in (None, "probe"):
+                if self.link_gbps is None:
                     self.link_gbps = probed_link_gbps(channel)
                 cores, nodes = channel_budget(channel)[1], channel.topology()
                 latency = probed_latency(channel)
@@ -174,15 +180,16 @@ class Request:
 
 def probed_latency(channel):
     """The point-to-point latency of ``channel``'s communicator, measured once (collective)."""
-    if channel.probed_latency is None:
-        channel.probed_latency = auto.probe_latency(channel.comm)
+    if channel.probed_latency is None:  # its waits honour the call's timeout
+        channel.probed_latency = auto.probe_latency(channel.comm, wait=channel.wait_spinning)
     return channel.probed_latency
 
 
 def probed_link_gbps(channel):
     """The link speed of ``channel``'s communicator, measured once (collective)."""
-    if channel.probed_link_gbps is None:
-        channel.probed_link_gbps = auto.probe_link_gbps(channel.comm)
+    if channel.probed_link_gbps is None:  # its waits honour the call's timeout
+        channel.probed_link_gbps = auto.probe_link_gbps(channel.comm,
+                                                        wait=channel.wait_spinning)
     return channel.probed_link_gbps
 
 
@@ -329,7 +336,9 @@ def _dispatch(call, collective, algorithm, flat):
     if collective == "allgather":
         result = ALGORITHMS["allgather"].gather_blocks(call, flat)
     else:
-        if call.codec.shared_statistics:
+        # hierarchical agrees on the statistics of each rank's slice across nodes itself
+        # (those of the whole input would read the slices' residuals as the input's)
+        if call.codec.shared_statistics and algorithm != "hierarchical":
             call.agree_shared_stats(flat)
         module = ALGORITHMS[algorithm]
         result = (module.allreduce(call, flat) if collective == "allreduce"

@@ -134,7 +134,10 @@ def shutdown():
 
     Pending reductions of every :class:`~ccl.torch.DistributedOptimizer` are
     waited for and their background threads stopped; those optimizers cannot
-    reduce gradients any more. Does nothing if not initialised.
+    reduce gradients any more. Does nothing if not initialised. After
+    ``MPI.Finalize()`` it makes no MPI call (MPI has released every
+    communicator already): it only stops the background threads and forgets
+    the runtime.
 
     Examples
     --------
@@ -147,8 +150,16 @@ def shutdown():
     global _RUNTIME
     with _LOCK:
         runtime, _RUNTIME = _RUNTIME, None
-    if runtime is not None:
-        runtime.free()
+    if runtime is None:
+        return
+    if MPI.Is_finalized():
+        # freeing a communicator now would make the MPI library abort the process
+        runtime.stop_threads(EXIT_JOIN_SECONDS)
+        for engine in runtime.engines.values():
+            engine.closed = True
+        runtime.engines.clear()
+        return
+    runtime.free()
 
 
 #: Seconds the exit handler waits for a communication thread's queued reductions.
