@@ -290,33 +290,37 @@ class Communicator:
         return self._channel.size
 
     def stats(self):
-        """Counters of this communicator's calls on this rank.
+        """Counters of this communicator's calls on this rank, and what ``auto`` decided from.
 
         Returns
         -------
         dict
             ``calls`` (collectives run), ``bytes_sent`` (payload bytes this
             rank put on the wire for them, ccl's own count), ``algorithms``
-            (how many calls ran each algorithm, ``auto`` resolved) and
-            ``link_gbps`` (the link speed ``auto`` measured or was given;
-            None until it was needed) and ``threads`` (the numba threads
-            this rank's kernels use, :mod:`ccl.threads`; None before the
-            first call, or when ``NUMBA_NUM_THREADS`` decides).
+            (how many calls ran each algorithm, ``auto`` resolved),
+            ``decisions`` (the same calls by algorithm and why:
+            ``{algorithm: {reason: calls}}``, the reasons of
+            :data:`ccl.collectives.auto.REASONS`, ``"given"`` for an
+            algorithm named by the caller), ``auto`` (the figures ``auto``
+            decided from, :func:`ccl.collectives.link.profile`: link speed
+            and where it came from, latency, nodes, share of a core; None
+            until a call needed them), ``link_gbps`` (the link speed ``auto``
+            measured or was given; None until it was needed) and ``threads``
+            (the numba threads this rank's kernels use, :mod:`ccl.threads`;
+            None before the first call, or when ``NUMBA_NUM_THREADS``
+            decides).
 
         Examples
         --------
         >>> import numpy as np, ccl
         >>> c = ccl.Communicator(codec="fp16", algorithm="ring", min_compress_bytes=0)
         >>> _ = c.allreduce(np.ones(8, np.float32))
-        >>> c.stats()["calls"]
-        1
+        >>> c.stats()["calls"], c.stats()["decisions"]
+        (1, {'ring': {'given': 1}})
         """
-        link, budget = self.options.link_gbps, self._channel.thread_budget
         return {"calls": self._calls, "bytes_sent": self._bytes_sent,
-                "algorithms": dict(self._algorithms),
-                "link_gbps": self._channel.probed_link_gbps if link in (None, "probe")
-                else link,
-                "threads": None if budget is None else budget[0]}
+                **collectives.link.decision_stats(self._channel, self._algorithms,
+                                                  self.options.link_gbps)}
 
     def set_lr(self, lr):
         """Tell learning-rate-corrected error feedback the current learning rate (local).

@@ -40,6 +40,7 @@ import contextlib
 import hashlib
 import os
 import sys
+import time
 
 import numba
 import numpy as np
@@ -48,7 +49,8 @@ from mpi4py import MPI
 from . import config
 
 __all__ = ["available_cores", "machine_id", "budget", "fair_share", "ranks_on_machine",
-           "torch_threads_kept", "budgeted", "channel_budget"]
+           "torch_threads_kept", "budgeted", "channel_budget", "busy_cores", "cores_share",
+           "LOAD_WINDOW_S"]
 
 
 def available_cores():
@@ -154,6 +156,92 @@ def channel_budget(channel):
                                              op=MPI.MIN), "the cores of every rank")
         channel.thread_budget = (budget(cores, ranks), float(shares[0]))
     return channel.thread_budget
+
+
+#: Seconds :func:`cores_share` watches the machine while this communicator's ranks sleep.
+LOAD_WINDOW_S = 0.2
+_USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_ticks(cpus):
+    """``(busy, total)`` ticks of ``cpus`` from ``/proc/stat`` (None where it is unreadable)."""
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    busy = total = 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            ticks = [int(v) for v in rest.split()]
+            idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+            busy, total = busy + sum(ticks[:8]) - idle, total + sum(ticks[:8])
+    return (busy, total) if total else None
+
+
+def busy_cores(seconds=LOAD_WINDOW_S):
+    """The cores of this process's affinity that other work keeps busy, measured for ``seconds``.
+
+    Sleeps for ``seconds`` and reads the busy time of the process's cores
+    from ``/proc/stat`` before and after (less this process's own CPU
+    time): with the communicator's ranks asleep, what is left is other work.
+    Returns 0.0 where ``/proc/stat`` is not there (not Linux).
+    """
+    try:
+        cpus = set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return 0.0
+    own = time.process_time()
+    before = _cpu_ticks(cpus)
+    time.sleep(seconds)
+    after = _cpu_ticks(cpus)
+    own = time.process_time() - own
+    if before is None or after is None or after[1] <= before[1]:
+        return 0.0
+    busy_s = (after[0] - before[0]) / _USER_HZ - own
+    # total ticks / cores is the window as the kernel counted it
+    window_s = (after[1] - before[1]) / _USER_HZ / len(cpus)
+    return min(float(len(cpus)), max(0.0, busy_s / window_s))
+
+
+def cores_share(channel, measure=True):
+    """The share of a core each rank of ``channel`` gets, agreed (collective, cached).
+
+    ``cores / (ranks + others)``, at most 1, the smallest of any rank:
+    ``cores`` is the rank's affinity, ``ranks`` the ranks of the
+    communicator on its machine, and ``others`` the cores other work kept
+    busy while those ranks slept for :data:`LOAD_WINDOW_S` after a barrier
+    (:func:`busy_cores`): the kernel shares the cores among every runnable
+    thread, so two busy processes beside four ranks on two cores leave each
+    rank a third of a core. With ``measure=False`` other work is not looked
+    for (``others`` is 0, :func:`fair_share`). Measured once per
+    communicator; ``auto``'s cost model runs the codecs at this share.
+
+    Returns
+    -------
+    dict
+        ``share`` (agreed), ``cores``, ``ranks_on_machine`` and
+        ``other_cores`` (the most any rank measured; None when not measured).
+    """
+    cached = getattr(channel, "cores_share", None)
+    if cached is not None and (cached["other_cores"] is not None or not measure):
+        return cached
+    from mpi4py import MPI
+
+    cores = available_cores()
+    ranks = ranks_on_machine(channel.comm, channel.wait)
+    others = None
+    if measure:
+        channel.wait(channel.comm.Ibarrier(), "the other ranks, to watch the machine's load")
+        others = busy_cores()
+    mine = np.array([min(1.0, cores / max(1.0, ranks + (others or 0.0))), -(others or 0.0)])
+    agreed = np.empty(2)
+    channel.wait(channel.comm.Iallreduce(mine, agreed, op=MPI.MIN), "the cores of every rank")
+    channel.cores_share = {"share": float(agreed[0]), "cores": cores,
+                           "ranks_on_machine": ranks,
+                           "other_cores": None if others is None else float(-agreed[1])}
+    return channel.cores_share
 
 
 @contextlib.contextmanager

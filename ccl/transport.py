@@ -69,6 +69,14 @@ class Channel:
     probed_latency : float or None
         Seconds per step of point-to-point messages, measured for ``auto``
         (None until it is measured).
+    cores_share : dict or None
+        The share of cores ``auto``'s cost model gives each rank
+        (:func:`ccl.threads.cores_share`; None until it is needed).
+    link_profiles : dict
+        What ``auto`` decided from, per link speed given (None: found by
+        ``ccl.collectives.link.profile``), measured or read once.
+    link_profile : dict or None
+        The latest of ``link_profiles`` a call used.
     thread_budget : tuple or None
         ``(numba threads of this rank, smallest share of cores of any rank)``
         (:func:`ccl.threads.channel_budget`; None until the first call).
@@ -88,6 +96,9 @@ class Channel:
         self.bytes_sent = 0
         self.probed_link_gbps = None  # measured once, when auto first needs it
         self.probed_latency = None  # seconds per step of messages, likewise
+        self.cores_share = None  # auto's share of cores, likewise
+        self.link_profiles = {}  # auto's inputs, per link speed given
+        self.link_profile = None  # the latest of them (Communicator.stats()["auto"])
         self.thread_budget = None  # (threads, agreed share of cores), at the first call
         self._lock = threading.Lock()
         # (request, buffer) of this call's sends, and of earlier calls that ended by an

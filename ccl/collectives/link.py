@@ -1,0 +1,200 @@
+"""What ``auto`` knows of a communicator's network and cores: its link profile.
+
+:func:`profile` returns the figures ``auto``'s cost model decides from, the
+same on every rank, found once per communicator and kept on its channel:
+
+1. **Given.** ``link_gbps=`` or ``CCL_LINK_GBPS``: that speed, as given.
+2. **One node.** Every rank of the communicator on one node (shared memory,
+   or one block of ``CCL_LOCAL_SIZE``): nothing is timed. Shared memory
+   counts as faster than any codec (``link_gbps = inf``), so ``auto`` runs
+   float32 and float64 on the MPI library's own exact allreduce, in every
+   run alike. Name an algorithm to compress on one machine.
+3. **A saved profile.** ``CCL_LINK_PROFILE=<file>`` names a JSON file
+   ``{"link_gbps": ..., "latency_s": ..., "ranks": ..., "node_sizes":
+   [...]}``: where it exists for the same ranks and nodes, its figures are
+   used (rank 0 reads it and sends them to every rank); where it does not,
+   the figures are measured and rank 0 writes it. A file for another layout
+   is measured again and overwritten.
+4. **Measured.** :func:`ccl.collectives.auto.probe_link_gbps` and
+   :func:`~ccl.collectives.auto.probe_latency`: the fastest of several
+   rounds, each as slow as its slowest rank, so every rank has one value.
+
+Whatever the link, the codecs run at the share of a core each rank gets
+(:func:`ccl.threads.cores_share`): its cores, less what other work keeps
+busy, among the ranks of its machine, measured once per communicator.
+``Communicator.stats()["auto"]`` shows the profile.
+"""
+
+import json
+import math
+import os
+import warnings
+from collections import Counter
+
+import numpy as np
+
+from .. import config
+from ..threads import cores_share
+from . import auto
+
+__all__ = ["profile", "read_profile", "write_profile", "decision_stats"]
+
+#: The keys of a saved profile (``CCL_LINK_PROFILE``).
+PROFILE_KEYS = ("link_gbps", "latency_s", "ranks", "node_sizes")
+
+
+def read_profile(path, ranks, node_sizes):
+    """``(link_gbps, latency_s)`` from the profile file ``path``; None if absent or for another layout.
+
+    Raises
+    ------
+    ValueError
+        If the file exists but is not a ccl link profile.
+    """
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(text)
+        link, latency = float(data["link_gbps"]), float(data["latency_s"])
+        layout = (int(data["ranks"]), [int(v) for v in data["node_sizes"]])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"CCL_LINK_PROFILE={path!r} is not a ccl link profile "
+                         f"(JSON with {', '.join(PROFILE_KEYS)}): {exc}") from None
+    if not (link > 0 and latency >= 0):
+        raise ValueError(f"CCL_LINK_PROFILE={path!r}: link_gbps must be > 0 and "
+                         f"latency_s >= 0, got {link!r} and {latency!r}")
+    return (link, latency) if layout == (ranks, list(node_sizes)) else None
+
+
+def write_profile(path, link_gbps, latency_s, ranks, node_sizes):
+    """Write a profile file (atomically); a warning, not an error, where it cannot."""
+    data = {"link_gbps": link_gbps, "latency_s": latency_s, "ranks": ranks,
+            "node_sizes": list(node_sizes)}
+    try:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        warnings.warn(f"CCL_LINK_PROFILE={path!r} could not be written ({exc}); the link "
+                      "will be measured again next time", RuntimeWarning, stacklevel=2)
+
+
+def _saved(channel, path, node_sizes):
+    """The saved figures, read on rank 0 and sent to every rank (collective); None: none.
+
+    ``path`` is rank 0's ``CCL_LINK_PROFILE`` (None on the other ranks)."""
+    figures, error = np.zeros(3), None
+    if path:
+        try:
+            saved = read_profile(path, channel.size, node_sizes)
+        except ValueError as exc:
+            figures[0], error = -1.0, exc
+        else:
+            if saved is not None:
+                figures[:] = (1.0, *saved)
+    channel.comm.Bcast(figures, root=0)
+    if figures[0] < 0:  # every rank raises alike
+        raise error or ValueError("CCL_LINK_PROFILE on rank 0 is not a ccl link profile "
+                                  "(see rank 0's error)")
+    return (float(figures[1]), float(figures[2])) if figures[0] > 0 else None
+
+
+def profile(channel, given=None):
+    """The link profile ``auto`` decides from on ``channel`` (collective the first time).
+
+    Parameters
+    ----------
+    channel : ccl.transport.Channel
+    given : float, "probe" or None
+        The link speed the call was given (``link_gbps=``, else
+        ``CCL_LINK_GBPS``); agreed by every rank. ``"probe"`` measures it,
+        also on one node.
+
+    Returns
+    -------
+    dict
+        ``link_gbps``, ``link_source`` (``"given"``, ``"one node"``,
+        ``"saved"`` or ``"measured"``), ``latency_s``, ``nodes`` (node
+        sizes), and ``share``, ``cores``, ``ranks_on_machine``,
+        ``other_cores`` (:func:`ccl.threads.cores_share`).
+
+    Raises
+    ------
+    ValueError
+        On every rank, if rank 0's ``CCL_LINK_PROFILE`` file is not a link profile.
+    """
+    found = channel.link_profiles.get(given)
+    if found is not None:
+        return found
+    node_sizes = list(channel.topology().node_sizes)
+    one_node = len(node_sizes) == 1 and given != "probe"
+    if isinstance(given, float):
+        link, latency, source = given, _latency(channel), "given"
+    elif one_node:  # nothing to time: shared memory beats every codec
+        link, latency, source = math.inf, 0.0, "one node"
+    else:
+        # rank 0's file counts; every rank takes part in sending its figures
+        path = config.read("CCL_LINK_PROFILE") if given is None and channel.rank == 0 else None
+        saved = _saved(channel, path, node_sizes) if given is None else None
+        if saved is not None:
+            (link, latency), source = saved, "saved"
+        else:
+            link, latency, source = _link(channel), _latency(channel), "measured"
+            if path:  # rank 0's
+                write_profile(path, link, latency, channel.size, node_sizes)
+    found = {"link_gbps": link, "link_source": source, "latency_s": latency,
+             "nodes": node_sizes, **cores_share(channel, measure=not one_node)}
+    channel.link_profiles[given] = channel.link_profile = found
+    return found
+
+
+def decision_stats(channel, record, given=None):
+    """What a communicator's ``stats()`` says of its calls' algorithms and why.
+
+    Parameters
+    ----------
+    channel : ccl.transport.Channel
+    record : collections.Counter
+        ``(algorithm, reason)`` of every call (``ccl.collectives.plan.run``'s ``record``).
+    given : float or None
+        The link speed the communicator was given.
+
+    Returns
+    -------
+    dict
+        ``algorithms`` (``{algorithm: calls}``), ``decisions``
+        (``{algorithm: {reason: calls}}``), ``auto`` (the latest profile
+        ``auto`` used on the communicator, a copy; None before one was
+        needed), ``link_gbps`` (``given``, else that profile's, else None)
+        and ``threads`` (this rank's numba threads; None before the first
+        call or under ``NUMBA_NUM_THREADS``).
+    """
+    algorithms, decisions = Counter(), {}
+    for (algorithm, reason), calls in record.items():
+        algorithms[algorithm] += calls
+        decisions.setdefault(algorithm, {})[reason] = calls
+    found = channel.link_profile
+    budget = channel.thread_budget
+    link = given if isinstance(given, float) else None
+    if link is None and found is not None:
+        link = found["link_gbps"]
+    return {"algorithms": dict(algorithms), "decisions": decisions,
+            "auto": None if found is None else {**found, "nodes": list(found["nodes"])},
+            "link_gbps": link, "threads": None if budget is None else budget[0]}
+
+
+def _latency(channel):
+    if channel.probed_latency is None:
+        channel.probed_latency = auto.probe_latency(channel.comm)
+    return channel.probed_latency
+
+
+def _link(channel):
+    if channel.probed_link_gbps is None:
+        channel.probed_link_gbps = auto.probe_link_gbps(channel.comm)
+    return channel.probed_link_gbps
