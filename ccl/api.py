@@ -298,14 +298,12 @@ class Communicator:
             ``calls`` (collectives run), ``bytes_sent`` (payload bytes this
             rank put on the wire for them, ccl's own count), ``algorithms``
             (how many calls ran each algorithm, ``auto`` resolved),
-            ``decisions`` (the same calls by algorithm and why:
-            ``{algorithm: {reason: calls}}``, the reasons of
-            :data:`ccl.collectives.auto.REASONS`, ``"given"`` for an
-            algorithm named by the caller), ``auto`` (the figures ``auto``
-            decided from, :func:`ccl.collectives.link.profile`: link speed
-            and where it came from, latency, nodes, share of a core; None
-            until a call needed them), ``link_gbps`` (the link speed ``auto``
-            measured or was given; None until it was needed) and ``threads``
+            ``decisions`` (``{algorithm: {reason: calls}}``, reasons from
+            :data:`ccl.collectives.auto.REASONS`, ``"given"`` for a named
+            algorithm), ``auto`` (what ``auto`` decided from: link speed and
+            its source, latency, nodes, share of a core; None until needed,
+            :func:`ccl.collectives.link.profile`), ``link_gbps`` (its link
+            speed, or the one given) and ``threads``
             (the numba threads this rank's kernels use, :mod:`ccl.threads`;
             None before the first call, or when ``NUMBA_NUM_THREADS``
             decides).

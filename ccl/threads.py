@@ -180,29 +180,41 @@ def _cpu_ticks(cpus):
     return (busy, total) if total else None
 
 
-def busy_cores(seconds=LOAD_WINDOW_S):
-    """The cores of this process's affinity that other work keeps busy, measured for ``seconds``.
+def _watch(seconds):
+    """Sleep ``seconds``; return ``(busy, own, window)`` seconds, or None off Linux.
 
-    Sleeps for ``seconds`` and reads the busy time of the process's cores
-    from ``/proc/stat`` before and after (less this process's own CPU
-    time): with the communicator's ranks asleep, what is left is other work.
-    Returns 0.0 where ``/proc/stat`` is not there (not Linux).
+    ``busy`` is the CPU time all work spent on this process's cores (its
+    affinity) meanwhile, from ``/proc/stat``; ``own`` this process's CPU time
+    (every thread); ``window`` the seconds the kernel counted.
     """
     try:
         cpus = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
-        return 0.0
+        return None
     own = time.process_time()
     before = _cpu_ticks(cpus)
     time.sleep(seconds)
     after = _cpu_ticks(cpus)
     own = time.process_time() - own
     if before is None or after is None or after[1] <= before[1]:
-        return 0.0
-    busy_s = (after[0] - before[0]) / _USER_HZ - own
+        return None
     # total ticks / cores is the window as the kernel counted it
-    window_s = (after[1] - before[1]) / _USER_HZ / len(cpus)
-    return min(float(len(cpus)), max(0.0, busy_s / window_s))
+    return ((after[0] - before[0]) / _USER_HZ, own,
+            (after[1] - before[1]) / _USER_HZ / len(cpus))
+
+
+def busy_cores(seconds=LOAD_WINDOW_S):
+    """The cores of this process's affinity that other processes keep busy, over ``seconds``.
+
+    Sleeps for ``seconds`` and reads the busy time of the process's cores
+    from ``/proc/stat`` before and after, less this process's own CPU time.
+    Returns 0.0 where ``/proc/stat`` is not there (not Linux).
+    """
+    watched = _watch(seconds)
+    if watched is None:
+        return 0.0
+    busy, own, window = watched
+    return min(float(available_cores()), max(0.0, (busy - own) / window))
 
 
 def cores_share(channel, measure=True):
@@ -210,13 +222,15 @@ def cores_share(channel, measure=True):
 
     ``cores / (ranks + others)``, at most 1, the smallest of any rank:
     ``cores`` is the rank's affinity, ``ranks`` the ranks of the
-    communicator on its machine, and ``others`` the cores other work kept
-    busy while those ranks slept for :data:`LOAD_WINDOW_S` after a barrier
-    (:func:`busy_cores`): the kernel shares the cores among every runnable
-    thread, so two busy processes beside four ranks on two cores leave each
-    rank a third of a core. With ``measure=False`` other work is not looked
-    for (``others`` is 0, :func:`fair_share`). Measured once per
-    communicator; ``auto``'s cost model runs the codecs at this share.
+    communicator on its machine, and ``others`` the cores that work outside
+    those ranks kept busy while they slept for :data:`LOAD_WINDOW_S` after a
+    barrier (the busy time of the cores from ``/proc/stat``, less the CPU
+    time of the ranks of the machine): the kernel shares the cores among
+    every runnable thread, so two busy processes beside four ranks on two
+    cores leave each rank a third of a core. With ``measure=False`` other
+    work is not looked for (``others`` is 0, :func:`fair_share`); off Linux
+    it counts as 0. Measured once per communicator; ``auto``'s cost model
+    runs the codecs at this share.
 
     Returns
     -------
@@ -234,7 +248,14 @@ def cores_share(channel, measure=True):
     others = None
     if measure:
         channel.wait(channel.comm.Ibarrier(), "the other ranks, to watch the machine's load")
-        others = busy_cores()
+        watched = _watch(LOAD_WINDOW_S) or (0.0, 0.0, 1.0)
+        # every rank's CPU time, by machine, in nanoseconds
+        mine = np.array([machine_id(), int(watched[1] * 1e9)], dtype=np.int64)
+        rows = np.empty((channel.size, 2), dtype=np.int64)
+        channel.wait(channel.comm.Iallgather([mine, MPI.INT64_T], [rows, MPI.INT64_T]),
+                     "the CPU time of every rank")
+        job = rows[rows[:, 0] == mine[0], 1].sum() / 1e9
+        others = min(float(cores), max(0.0, (watched[0] - job) / watched[2]))
     mine = np.array([min(1.0, cores / max(1.0, ranks + (others or 0.0))), -(others or 0.0)])
     agreed = np.empty(2)
     channel.wait(channel.comm.Iallreduce(mine, agreed, op=MPI.MIN), "the cores of every rank")

@@ -69,14 +69,9 @@ class Channel:
     probed_latency : float or None
         Seconds per step of point-to-point messages, measured for ``auto``
         (None until it is measured).
-    cores_share : dict or None
-        The share of cores ``auto``'s cost model gives each rank
-        (:func:`ccl.threads.cores_share`; None until it is needed).
-    link_profiles : dict
-        What ``auto`` decided from, per link speed given (None: found by
-        ``ccl.collectives.link.profile``), measured or read once.
-    link_profile : dict or None
-        The latest of ``link_profiles`` a call used.
+    cores_share, link_profiles, link_profile : dict or None, dict, dict or None
+        What ``auto`` decides from, found once (``ccl.collectives.link``):
+        the share of cores, the profile per link speed given, the latest used.
     thread_budget : tuple or None
         ``(numba threads of this rank, smallest share of cores of any rank)``
         (:func:`ccl.threads.channel_budget`; None until the first call).
