@@ -69,9 +69,10 @@ class Channel:
     probed_latency : float or None
         Seconds per step of point-to-point messages, measured for ``auto``
         (None until it is measured).
-    cores_share, link_profiles, link_profile : dict or None, dict, dict or None
-        What ``auto`` decides from, found once (``ccl.collectives.link``):
-        the share of cores, the profile per link speed given, the latest used.
+    cores_share, link_profiles, link_profile, codec_speeds, codec_names
+        What ``auto`` decides from, found once (``ccl.collectives.link``): the
+        share of cores, the profile per link speed given, the latest used,
+        codec speeds measured (and their codec ids) by config hash.
     thread_budget : tuple or None
         ``(numba threads of this rank, smallest share of cores of any rank)``
         (:func:`ccl.threads.channel_budget`; None until the first call).
@@ -94,6 +95,7 @@ class Channel:
         self.cores_share = None  # auto's share of cores, likewise
         self.link_profiles = {}  # auto's inputs, per link speed given
         self.link_profile = None  # the latest of them (Communicator.stats()["auto"])
+        self.codec_speeds, self.codec_names = {}, {}  # measured, by codec config hash
         self.thread_budget = None  # (threads, agreed share of cores), at the first call
         self._lock = threading.Lock()
         # (request, buffer) of this call's sends, and of earlier calls that ended by an

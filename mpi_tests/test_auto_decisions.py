@@ -65,6 +65,20 @@ def test_other_work_on_the_cores_slows_the_codec_in_the_model():
     assert auto.estimate(codec, 64 << 20, 4, 1.0, cores=loaded)[1] > t_alone
 
 
+def test_measured_codec_speeds_replace_the_stated_ones():
+    codec = get_codec("sidco")
+    stated = auto.estimate(codec, 64 << 20, 4, 1.0, cores=0.5)
+    # measured speeds already hold the share of cores: it is not applied again
+    measured = auto.estimate(codec, 64 << 20, 4, 1.0, cores=0.5,
+                             speeds=(codec.encode_gbps, codec.decode_gbps))
+    assert measured[0] == stated[0] and measured[1] < stated[1]
+    slow = (codec.encode_gbps / 100, codec.decode_gbps / 100)
+    assert auto.decide(codec, 64 << 20, 4, np.float32, link_gbps=1.0)[:2] == \
+        ("allgather", "model: compress")
+    assert auto.decide(codec, 64 << 20, 4, np.float32, link_gbps=1.0, speeds=slow)[:2] == \
+        ("mpi", "model: MPI")
+
+
 def test_busy_cores_sees_a_busy_process():
     assert 0.0 <= threads.busy_cores(0.05) <= threads.available_cores()
     spin = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
@@ -173,6 +187,8 @@ def test_across_nodes_the_link_is_measured_once_and_agreed(comm, monkeypatch):
     assert 0 < found["share"] <= 1 and found["other_cores"] >= 0
     assert found["ranks_on_machine"] >= 1 and found["cores"] >= 1
     assert found["share"] <= min(1.0, found["cores"] / found["ranks_on_machine"])
+    (speeds,) = found["codec_gbps"].values()
+    assert list(found["codec_gbps"])[0].startswith("onebit ") and min(speeds) > 0
     # every rank decided from the same figures, and so alike
     agreed = {k: found[k] for k in ("link_gbps", "latency_s", "share", "other_cores")}
     assert comm.allgather(agreed) == [agreed] * comm.size
@@ -180,6 +196,19 @@ def test_across_nodes_the_link_is_measured_once_and_agreed(comm, monkeypatch):
     (algorithm, reasons), = stats["decisions"].items()
     assert list(reasons) in (["model: MPI"], ["model: compress"]) and sum(
         reasons.values()) == 3
+
+
+@pytest.mark.mpi
+def test_codec_speeds_are_measured_once_agreed_and_leave_the_codec_alone(comm):
+    from ccl.transport import channel
+
+    codec = get_codec({"id": "sidco", "density": 0.01})
+    config = codec.get_config()
+    speeds = link.codec_speeds(channel(comm), codec)
+    assert comm.allgather(speeds) == [speeds] * comm.size
+    assert all(isinstance(v, float) and 0 < v < math.inf for v in speeds)
+    assert link.codec_speeds(channel(comm), get_codec(config)) is speeds  # cached
+    assert codec.get_config() == config
 
 
 @pytest.mark.mpi(min_size=2)

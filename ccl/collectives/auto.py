@@ -11,9 +11,10 @@ compares two estimates with a deliberately simple cost model
   spends the codec's encode and decode time, overlapped with the transfers
   when the algorithm is pipelined. The codec states what it sends and how
   fast it runs (``Codec.bits_per_value``, ``encode_gbps``,
-  ``decode_gbps``, one core's figures); a rank gets its share of its
-  machine's cores, counting the ranks that share them and the cores other
-  work is using (:func:`ccl.threads.cores_share`).
+  ``decode_gbps``, one core's figures); inside a collective ``auto``
+  measures instead how fast the codec runs with every rank encoding at once
+  (``ccl.collectives.link.codec_speeds``), which counts the cores the ranks
+  share and the cores other work is using.
 
 It compresses when the estimate wins by :data:`MARGIN`. The bandwidth terms
 are proportional to the size; one term is not: each sequential step of
@@ -178,7 +179,7 @@ def rounds(algorithm, size):
 
 
 def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelined=True,
-             cores=1.0, latency=0.0):
+             cores=1.0, latency=0.0, speeds=None):
     """Estimated seconds of ``MPI_Allreduce`` and of a compressed allreduce.
 
     Parameters
@@ -203,6 +204,11 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
         Seconds per sequential step of messages (:func:`probe_latency`); the
         compressing algorithm pays it :func:`rounds` times. ``MPI_Allreduce``
         is taken to pay none (its latency is in its measured link speed).
+    speeds : tuple of float, optional
+        ``(encode_gbps, decode_gbps)`` measured as the ranks run the codec
+        now (``ccl.collectives.link.codec_speeds``): used in place of the
+        codec's stated one-core figures, and ``cores`` is then not applied
+        (the measurement already ran at the rank's share of the cores).
 
     Returns
     -------
@@ -223,8 +229,11 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
     else:  # ring and direct: every element encoded about once, decoded (2p-1)/p times
         wire, encodes, decodes = 2 * (p - 1) / p * payload, (p + 1) / p, (2 * p - 1) / p
     # the speeds are GB/s of float32 input, i.e. per 4 bytes of elements
-    codec_s = elements * 4 * (encodes / (codec.encode_gbps * 1e9)
-                              + decodes / (codec.decode_gbps * 1e9)) / min(cores, 1.0)
+    if speeds is None:
+        speeds, share = (codec.encode_gbps, codec.decode_gbps), min(cores, 1.0)
+    else:
+        share = 1.0
+    codec_s = elements * 4 * (encodes / (speeds[0] * 1e9) + decodes / (speeds[1] * 1e9)) / share
     wire_s = wire / rate
     overlap = pipelined and algorithm in ("ring", "direct")
     busy = max(wire_s, codec_s) + 0.25 * min(wire_s, codec_s) if overlap else wire_s + codec_s
@@ -266,7 +275,7 @@ Decision = namedtuple("Decision", ["algorithm", "reason", "estimate"])
 
 
 def decide(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
-           pipelined=True, cores=1.0, latency=0.0):
+           pipelined=True, cores=1.0, latency=0.0, speeds=None):
     """The algorithm ``auto`` resolves to, and why (:func:`choose` with the reason).
 
     Parameters are those of :func:`choose`.
@@ -298,7 +307,7 @@ def decide(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
         if math.isinf(link_gbps):
             return Decision("mpi", "shared memory", None)
         times = estimate(codec, nbytes, size, link_gbps, dtype.itemsize,
-                         pipelined=pipelined, cores=cores, latency=latency)
+                         pipelined=pipelined, cores=cores, latency=latency, speeds=speeds)
         if times[1] * MARGIN > times[0]:
             return Decision("mpi", "model: MPI", times)
         reason = "model: compress"
@@ -308,7 +317,7 @@ def decide(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
 
 
 def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
-           pipelined=True, cores=1.0, latency=0.0):
+           pipelined=True, cores=1.0, latency=0.0, speeds=None):
     """Return the algorithm name ``auto`` resolves to.
 
     Parameters
@@ -333,6 +342,9 @@ def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
         :func:`ccl.threads.cores_share`).
     latency : float
         Seconds per sequential step of messages (agreed, :func:`probe_latency`).
+    speeds : tuple of float, optional
+        The codec's measured ``(encode_gbps, decode_gbps)`` (agreed, see
+        :func:`estimate`).
 
     Returns
     -------
@@ -350,7 +362,7 @@ def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
     'mpi'
     """
     return decide(codec, nbytes, size, dtype, collective, link_gbps, pipelined, cores,
-                  latency).algorithm
+                  latency, speeds).algorithm
 
 
 def fitting(codec):

@@ -19,26 +19,39 @@ same on every rank, found once per communicator and kept on its channel:
    :func:`~ccl.collectives.auto.probe_latency`: the fastest of several
    rounds, each as slow as its slowest rank, so every rank has one value.
 
-Whatever the link, the codecs run at the share of a core each rank gets
-(:func:`ccl.threads.cores_share`): its cores, less what other work keeps
-busy, among the ranks of its machine, measured once per communicator.
+Where the cost model runs (a finite link speed), the codec's speed is
+measured too, not taken from its stated one-core figures
+(:func:`codec_speeds`): every rank encodes and decodes a 16 MB sample at
+once, with the call's thread budget, so ranks that share cores and other
+work on the machine slow it as they slow the call; the median of
+:data:`CODEC_ROUNDS` rounds counts, once per communicator and codec
+configuration. The share of a core each rank gets
+(:func:`ccl.threads.cores_share`: its cores among the ranks of its machine
+and the cores other work keeps busy) is measured alongside and reported, to
+say why a codec runs below its stated speed.
 ``Communicator.stats()["auto"]`` shows the profile.
 """
 
 import json
 import math
 import os
+import time
 import warnings
 from collections import Counter
 
 import numpy as np
 
 from .. import config
-from ..threads import cores_share
+from ..codecs import get_codec
+from ..threads import budgeted, channel_budget, cores_share
 from . import auto
 
-__all__ = ["profile", "read_profile", "write_profile", "decision_stats"]
+__all__ = ["profile", "codec_speeds", "read_profile", "write_profile", "decision_stats"]
 
+#: Float32 elements of the sample every rank encodes and decodes to time a codec ...
+CODEC_SAMPLE = 1 << 22
+#: ... this many times; each round is as slow as its slowest rank, the median round counts.
+CODEC_ROUNDS = 5
 #: The keys of a saved profile (``CCL_LINK_PROFILE``).
 PROFILE_KEYS = ("link_gbps", "latency_s", "ranks", "node_sizes")
 
@@ -170,7 +183,9 @@ def decision_stats(channel, record, given=None):
         ``algorithms`` (``{algorithm: calls}``), ``decisions``
         (``{algorithm: {reason: calls}}``), ``auto`` (the latest profile
         ``auto`` used on the communicator, a copy; None before one was
-        needed), ``link_gbps`` (``given``, else that profile's, else None)
+        needed; with ``codec_gbps``: the measured ``[encode, decode]`` GB/s
+        of each codec, by id and config hash), ``link_gbps`` (``given``,
+        else that profile's, else None)
         and ``threads`` (this rank's numba threads; None before the first
         call or under ``NUMBA_NUM_THREADS``).
     """
@@ -183,9 +198,52 @@ def decision_stats(channel, record, given=None):
     link = given if isinstance(given, float) else None
     if link is None and found is not None:
         link = found["link_gbps"]
-    return {"algorithms": dict(algorithms), "decisions": decisions,
-            "auto": None if found is None else {**found, "nodes": list(found["nodes"])},
+    if found is not None:
+        found = {**found, "nodes": list(found["nodes"]), "codec_gbps": {
+            f"{channel.codec_names[key]} {key:016x}": list(speeds)
+            for key, speeds in channel.codec_speeds.items()}}
+    return {"algorithms": dict(algorithms), "decisions": decisions, "auto": found,
             "link_gbps": link, "threads": None if budget is None else budget[0]}
+
+
+def codec_speeds(channel, codec):
+    """``(encode_gbps, decode_gbps)`` of ``codec`` as every rank runs it now, agreed.
+
+    Collective the first time per communicator and codec configuration
+    (then cached on the channel). Every rank encodes and decodes
+    :data:`CODEC_SAMPLE` standard-normal float32 values (SIDCo-like codecs
+    vary with the data: this is a typical case, not a bound) after a
+    barrier, with the numba threads the call would use, :data:`CODEC_ROUNDS`
+    times; each round counts its slowest rank, and the median round is the
+    answer (the typical round, with the machine's load in it). GB/s of
+    float32 input, like the codec's stated ``encode_gbps``.
+    """
+    key = codec.config_hash
+    found = channel.codec_speeds.get(key)
+    if found is not None:
+        return found
+    x = np.random.default_rng([7, channel.rank]).standard_normal(CODEC_SAMPLE)
+    x = x.astype(np.float32)
+    codec = get_codec(codec.get_config())  # a copy: the sample must not adapt the call's codec
+    times = np.zeros((CODEC_ROUNDS, 2))
+    with budgeted(channel_budget(channel)[0]):
+        codec.decode(codec.encode(x[:4096]))  # compiled (or loaded) before it is timed
+        for row in times:
+            channel.wait(channel.comm.Ibarrier(), "the other ranks, to time the codec")
+            start = time.perf_counter()
+            payload = codec.encode(x)
+            encoded = time.perf_counter()
+            codec.decode(payload)
+            row[:] = encoded - start, time.perf_counter() - encoded
+    slowest = np.empty_like(times)
+    from mpi4py import MPI
+
+    channel.wait(channel.comm.Iallreduce(times, slowest, op=MPI.MAX), "the codec's speed")
+    encode_s, decode_s = np.median(slowest, axis=0)
+    found = (float(x.nbytes / max(encode_s, 1e-9) / 1e9),
+             float(x.nbytes / max(decode_s, 1e-9) / 1e9))
+    channel.codec_speeds[key], channel.codec_names[key] = found, codec.codec_id
+    return found
 
 
 def _latency(channel):

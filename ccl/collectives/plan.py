@@ -17,6 +17,7 @@
    alike, and shape the result like the input.
 """
 
+import math
 import threading
 
 import numpy as np
@@ -159,12 +160,15 @@ class Request:
         nbytes, dtype = self.x.nbytes, self.x.dtype
         if algorithm == "auto":
             found = {"link_gbps": None, "share": 1.0, "latency_s": 0.0, "nodes": None}
+            speeds = None
             if auto.needs_link(codec, nbytes, channel.size, dtype, self.collective):
                 # every rank reaches this point alike (the decision's inputs were agreed)
                 found = link.profile(channel, self.link_gbps)
+                if math.isfinite(found["link_gbps"]):  # the cost model will run: time the codec
+                    speeds = link.codec_speeds(channel, codec)
             algorithm, self.reason, _ = auto.decide(
                 codec, nbytes, channel.size, dtype, self.collective, found["link_gbps"],
-                bool(self.segment_bytes), found["share"], found["latency_s"])
+                bool(self.segment_bytes), found["share"], found["latency_s"], speeds)
             nodes = found["nodes"]
             if algorithm != "mpi" and nodes is not None and len(set(nodes)) == 1 \
                     and 1 < len(nodes) < channel.size:
