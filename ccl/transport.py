@@ -90,7 +90,7 @@ class Channel:
         self.size = self.comm.Get_size()
         self.calls = 0
         self.bytes_sent = 0
-        self.probed_link_gbps = None  # measured once, when auto first needs it
+        self.probed_link_gbps = self.probed_spread = None  # measured once, when auto needs it
         self.probed_latency = None  # seconds per step of messages, likewise
         self.cores_share = None  # auto's share of cores, likewise
         self.link_profiles = {}  # auto's inputs, per link speed given

@@ -79,6 +79,26 @@ def test_measured_codec_speeds_replace_the_stated_ones():
         ("mpi", "model: MPI")
 
 
+def test_a_spread_out_probe_asks_compression_to_win_by_as_much():
+    codec = get_codec("fp16")  # wins by about 1.9x at 1 Gbit/s on a free core
+    t_mpi, t_codec = auto.estimate(codec, 64 << 20, 4, 1.0)
+    assert 1.5 < t_mpi / t_codec < 2
+    assert auto.choose(codec, 64 << 20, 4, np.float32, link_gbps=1.0) == "ring"
+    assert auto.decide(codec, 64 << 20, 4, np.float32, link_gbps=1.0, spread=1.5)[:2] == \
+        ("ring", "model: compress")
+    assert auto.decide(codec, 64 << 20, 4, np.float32, link_gbps=1.0, spread=2.0)[:2] == \
+        ("mpi", "model: MPI")
+
+
+def test_less_than_a_core_per_rank_does_not_overlap_codec_and_transfers():
+    codec = get_codec({"id": "thc", "bits": 4})
+    speeds = (codec.encode_gbps, codec.decode_gbps)
+    whole = auto.estimate(codec, 64 << 20, 4, 1.0, cores=1.0, speeds=speeds)[1]
+    shared = auto.estimate(codec, 64 << 20, 4, 1.0, cores=0.5, speeds=speeds)[1]
+    unpipelined = auto.estimate(codec, 64 << 20, 4, 1.0, pipelined=False, speeds=speeds)[1]
+    assert whole < shared == pytest.approx(unpipelined)
+
+
 def test_busy_cores_sees_a_busy_process():
     assert 0.0 <= threads.busy_cores(0.05) <= threads.available_cores()
     spin = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
@@ -95,7 +115,9 @@ def test_profile_files_are_checked(tmp_path):
     path = str(tmp_path / "link.json")
     assert link.read_profile(path, 4, [1, 1, 1, 1]) is None  # absent: measure
     link.write_profile(path, 0.93, 1e-4, 4, [1, 1, 1, 1])
-    assert link.read_profile(path, 4, [1, 1, 1, 1]) == (0.93, 1e-4)
+    assert link.read_profile(path, 4, [1, 1, 1, 1]) == (0.93, 1e-4, 1.0)
+    link.write_profile(path, 0.93, 1e-4, 4, [1, 1, 1, 1], spread=1.5)
+    assert link.read_profile(path, 4, [1, 1, 1, 1]) == (0.93, 1e-4, 1.5)
     assert link.read_profile(path, 4, [2, 2]) is None  # another layout: measure again
     with open(path, "w") as f:
         f.write('{"link_gbps": "fast"}')
@@ -120,7 +142,7 @@ def test_one_node_decides_alike_whatever_a_probe_would_say(comm, monkeypatch):
     if not _one_node(comm):
         pytest.skip("the ranks are on several nodes")
     speeds = iter([0.05, 500.0, 0.05, 500.0])
-    monkeypatch.setattr(auto, "probe_link_gbps", lambda comm, rounds=None: next(speeds))
+    monkeypatch.setattr(auto, "probe_link", lambda comm, rounds=None: (next(speeds), 1.0))
     monkeypatch.setattr(auto, "probe_latency", lambda comm: 0.0)
     x = rank_input(comm.rank, 1 << 20)  # 4 MB per rank: compressed at a slow link
     reference = np.empty_like(x)
@@ -154,7 +176,7 @@ def test_one_node_times_nothing(comm, monkeypatch):
     def timed(*args, **kwargs):
         raise AssertionError("timed on one node")
 
-    for name in ("probe_link_gbps", "probe_latency"):
+    for name in ("probe_link", "probe_link_gbps", "probe_latency"):
         monkeypatch.setattr(auto, name, timed)
     monkeypatch.setattr(threads, "busy_cores", timed)
     c = ccl.Communicator(comm, codec="3lc")
@@ -173,8 +195,8 @@ def test_across_nodes_the_link_is_measured_once_and_agreed(comm, monkeypatch):
     monkeypatch.delenv("CCL_LINK_PROFILE", raising=False)
     monkeypatch.setenv("CCL_LOCAL_SIZE", "1")  # every rank a node of its own
     calls = []
-    probe = auto.probe_link_gbps
-    monkeypatch.setattr(auto, "probe_link_gbps", lambda comm: calls.append(1) or probe(comm))
+    probe = auto.probe_link
+    monkeypatch.setattr(auto, "probe_link", lambda comm: calls.append(1) or probe(comm))
     c = ccl.Communicator(comm, codec="onebit")
     x = rank_input(comm.rank, 1 << 18)
     for _ in range(3):
@@ -235,8 +257,9 @@ def test_a_saved_link_profile_is_reused(comm, monkeypatch, tmp_path):
         with open(path) as f:
             saved = json.load(f)
         assert saved == {"link_gbps": first["link_gbps"], "latency_s": first["latency_s"],
-                         "ranks": comm.size, "node_sizes": [1] * comm.size}
-        saved["link_gbps"] = 0.01  # a slow link: every codec pays
+                         "ranks": comm.size, "node_sizes": [1] * comm.size,
+                         "spread": first["spread"]}
+        saved["link_gbps"], saved["spread"] = 0.01, 1.0  # a slow link: every codec pays
         with open(path, "w") as f:
             json.dump(saved, f)
     comm.Barrier()

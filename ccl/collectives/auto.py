@@ -42,7 +42,7 @@ from collections import namedtuple
 import numpy as np
 
 __all__ = ["choose", "decide", "Decision", "fitting", "estimate", "needs_link",
-           "probe_link_gbps", "probe_latency", "rounds", "REASONS",
+           "probe_link", "probe_link_gbps", "probe_latency", "rounds", "REASONS",
            "MIN_COMPRESS_BYTES", "TREE_MAX_BYTES", "MARGIN"]
 
 #: Below this many bytes per rank, latency dominates: send uncompressed with MPI.
@@ -51,8 +51,9 @@ MIN_COMPRESS_BYTES = 65536
 TREE_MAX_BYTES = 1 << 20
 #: Compress only when the model says it is this many times faster than MPI_Allreduce.
 MARGIN = 1.1
-#: The probe grows its message from this size ...
-PROBE_MIN_BYTES = 1 << 16
+#: The probe grows its message from this size (large enough that bandwidth, not the
+#: scheduling of ranks on a loaded machine, sets its time) ...
+PROBE_MIN_BYTES = 1 << 22
 #: ... by this factor ...
 PROBE_GROWTH = 4
 #: ... until one allreduce takes this long (seconds), or it reaches this size.
@@ -71,19 +72,21 @@ def _slowest_per_round(comm, seconds):
     return slowest
 
 
-def probe_link_gbps(comm, rounds=None):
-    """Measure the link speed that ``MPI_Allreduce`` reaches, identically on every rank.
+def probe_link(comm, rounds=None):
+    """Measure the link speed that ``MPI_Allreduce`` reaches, and its spread, on every rank alike.
 
-    First the size: float32 messages grow from ``PROBE_MIN_BYTES`` by
-    ``PROBE_GROWTH`` until one allreduce takes ``PROBE_TARGET_S`` (or
-    reaches ``PROBE_MAX_BYTES``). Then ``rounds`` (default
+    First the size: float32 messages grow from ``PROBE_MIN_BYTES`` (4 MB:
+    a smaller message measures how long ranks wait for a core on a loaded
+    machine, not the link) by ``PROBE_GROWTH`` until one allreduce takes
+    ``PROBE_TARGET_S`` (or reaches ``PROBE_MAX_BYTES``). Then ``rounds`` (default
     ``PROBE_ROUNDS``) allreduces of that size, each after a barrier; a
     round lasts as long as its slowest rank, and the *fastest* round counts:
     other work on the machine, or a rank not yet scheduled, only ever adds
     time, so the minimum is the statistic that repeats from run to run. The
     time converts to Gbit/s with the ring bound ``2 (p-1)/p · n``. That is
     what ``auto`` competes with: the MPI library's own allreduce on these
-    links. On a 1 Gbit/s network it settles on 4 MB, in about half a second.
+    links. On a 1 Gbit/s network it settles on 4 MB, in about half a second;
+    at 100 Mbit/s it takes a few seconds.
     Collective: every rank must call it.
 
     Parameters
@@ -95,17 +98,20 @@ def probe_link_gbps(comm, rounds=None):
 
     Returns
     -------
-    float
-        Gbit/s (``math.inf`` on one rank: there is no network).
+    (float, float)
+        Gbit/s (``math.inf`` on one rank: there is no network), and the
+        spread: the slowest round's time over the fastest's (1.0 on one
+        rank). A machine whose timings vary (other work on it) has a large
+        spread; :func:`decide` then asks compression to win by as much.
     """
     p = comm.Get_size()
     if p == 1:
-        return math.inf
+        return math.inf, 1.0
     rounds = PROBE_ROUNDS if rounds is None else max(1, int(rounds))
     x = np.ones(PROBE_MAX_BYTES // 4, dtype=np.float32)
     out = np.empty_like(x)
+    comm.Allreduce(x[:1 << 14], out[:1 << 14])  # connections are set up on first use
     n = PROBE_MIN_BYTES // 4
-    comm.Allreduce(x[:n], out[:n])  # connections and buffers are set up on first use
 
     def timed(count):
         times = []
@@ -119,8 +125,24 @@ def probe_link_gbps(comm, rounds=None):
     # every rank takes the same branch: the slowest rank's times decide
     while min(_slowest_per_round(comm, timed(2))) < PROBE_TARGET_S and n * 4 < PROBE_MAX_BYTES:
         n = min(n * PROBE_GROWTH, x.size)
-    best = float(min(_slowest_per_round(comm, timed(rounds))))
-    return 2 * (p - 1) / p * n * 4 * 8 / max(best, 1e-9) / 1e9
+    slowest = _slowest_per_round(comm, timed(rounds))
+    best = max(float(slowest.min()), 1e-9)
+    return 2 * (p - 1) / p * n * 4 * 8 / best / 1e9, float(slowest.max()) / best
+
+
+def probe_link_gbps(comm, rounds=None):
+    """The link speed of :func:`probe_link` alone, in Gbit/s (collective).
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+    rounds : int, optional
+
+    Returns
+    -------
+    float
+    """
+    return probe_link(comm, rounds)[0]
 
 
 #: Point-to-point rounds the latency probe times (the fastest of them counts).
@@ -198,8 +220,9 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
     pipelined : bool
         Whether codec time overlaps the transfers (segmented ring and direct).
     cores : float
-        The rank's share of its node's cores; the codec runs that much slower
-        when it is below 1.
+        The rank's share of its machine's cores; the codec runs that much
+        slower when it is below 1 (unless ``speeds`` are given), and a
+        pipelined algorithm's codec time no longer overlaps its transfers.
     latency : float
         Seconds per sequential step of messages (:func:`probe_latency`); the
         compressing algorithm pays it :func:`rounds` times. ``MPI_Allreduce``
@@ -235,7 +258,9 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
         share = 1.0
     codec_s = elements * 4 * (encodes / (speeds[0] * 1e9) + decodes / (speeds[1] * 1e9)) / share
     wire_s = wire / rate
-    overlap = pipelined and algorithm in ("ring", "direct")
+    # overlapping codec work with transfers needs a core for each: a rank with less
+    # than one (ranks sharing cores, other work) pays for both in turn
+    overlap = pipelined and algorithm in ("ring", "direct") and cores >= 1.0
     busy = max(wire_s, codec_s) + 0.25 * min(wire_s, codec_s) if overlap else wire_s + codec_s
     return t_mpi, busy + rounds(algorithm, p) * latency
 
@@ -275,10 +300,13 @@ Decision = namedtuple("Decision", ["algorithm", "reason", "estimate"])
 
 
 def decide(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
-           pipelined=True, cores=1.0, latency=0.0, speeds=None):
+           pipelined=True, cores=1.0, latency=0.0, speeds=None, spread=1.0):
     """The algorithm ``auto`` resolves to, and why (:func:`choose` with the reason).
 
-    Parameters are those of :func:`choose`.
+    Parameters are those of :func:`choose`, and ``spread``: how much the
+    link probe's rounds varied (:func:`probe_link`). Compression must win
+    by ``max(MARGIN, spread)``: on a machine whose timings vary, by as much
+    as they vary.
 
     Returns
     -------
@@ -308,7 +336,7 @@ def decide(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
             return Decision("mpi", "shared memory", None)
         times = estimate(codec, nbytes, size, link_gbps, dtype.itemsize,
                          pipelined=pipelined, cores=cores, latency=latency, speeds=speeds)
-        if times[1] * MARGIN > times[0]:
+        if times[1] * max(MARGIN, spread) > times[0]:
             return Decision("mpi", "model: MPI", times)
         reason = "model: compress"
     if codec.homomorphic and nbytes < TREE_MAX_BYTES:

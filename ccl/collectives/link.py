@@ -11,21 +11,26 @@ same on every rank, found once per communicator and kept on its channel:
    run alike. Name an algorithm to compress on one machine.
 3. **A saved profile.** ``CCL_LINK_PROFILE=<file>`` names a JSON file
    ``{"link_gbps": ..., "latency_s": ..., "ranks": ..., "node_sizes":
-   [...]}``: where it exists for the same ranks and nodes, its figures are
+   [...], "spread": ...}``: where it exists for the same ranks and nodes, its figures are
    used (rank 0 reads it and sends them to every rank); where it does not,
    the figures are measured and rank 0 writes it. A file for another layout
    is measured again and overwritten.
-4. **Measured.** :func:`ccl.collectives.auto.probe_link_gbps` and
+4. **Measured.** :func:`ccl.collectives.auto.probe_link` and
    :func:`~ccl.collectives.auto.probe_latency`: the fastest of several
-   rounds, each as slow as its slowest rank, so every rank has one value.
+   rounds, each as slow as its slowest rank, so every rank has one value;
+   the spread of the rounds (slowest over fastest) is the margin
+   compression must win by where it exceeds ``MARGIN``.
 
 Where the cost model runs (a finite link speed), the codec's speed is
 measured too, not taken from its stated one-core figures
 (:func:`codec_speeds`): every rank encodes and decodes a 16 MB sample at
 once, with the call's thread budget, so ranks that share cores and other
-work on the machine slow it as they slow the call; the median of
+work on the machine slow it as they slow the call; the slowest of
 :data:`CODEC_ROUNDS` rounds counts, once per communicator and codec
-configuration. The share of a core each rank gets
+configuration. The two sides are measured on purpose in opposite ways:
+``MPI_Allreduce`` at its fastest round, the codec at its slowest, so
+``auto`` compresses only where compression wins even then: where timings
+vary (a loaded machine) it keeps to the exact ``MPI_Allreduce``. The share of a core each rank gets
 (:func:`ccl.threads.cores_share`: its cores among the ranks of its machine
 and the cores other work keeps busy) is measured alongside and reported, to
 say why a codec runs below its stated speed.
@@ -50,14 +55,16 @@ __all__ = ["profile", "codec_speeds", "read_profile", "write_profile", "decision
 
 #: Float32 elements of the sample every rank encodes and decodes to time a codec ...
 CODEC_SAMPLE = 1 << 22
-#: ... this many times; each round is as slow as its slowest rank, the median round counts.
+#: ... this many times; each round is as slow as its slowest rank, the slowest round counts.
 CODEC_ROUNDS = 5
 #: The keys of a saved profile (``CCL_LINK_PROFILE``).
 PROFILE_KEYS = ("link_gbps", "latency_s", "ranks", "node_sizes")
 
 
 def read_profile(path, ranks, node_sizes):
-    """``(link_gbps, latency_s)`` from the profile file ``path``; None if absent or for another layout.
+    """``(link_gbps, latency_s, spread)`` from the file ``path``; None if absent or another layout.
+
+    ``spread`` (:func:`ccl.collectives.auto.probe_link`) is optional in the file (1.0).
 
     Raises
     ------
@@ -72,20 +79,21 @@ def read_profile(path, ranks, node_sizes):
     try:
         data = json.loads(text)
         link, latency = float(data["link_gbps"]), float(data["latency_s"])
+        spread = float(data.get("spread", 1.0))
         layout = (int(data["ranks"]), [int(v) for v in data["node_sizes"]])
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"CCL_LINK_PROFILE={path!r} is not a ccl link profile "
                          f"(JSON with {', '.join(PROFILE_KEYS)}): {exc}") from None
-    if not (link > 0 and latency >= 0):
-        raise ValueError(f"CCL_LINK_PROFILE={path!r}: link_gbps must be > 0 and "
-                         f"latency_s >= 0, got {link!r} and {latency!r}")
-    return (link, latency) if layout == (ranks, list(node_sizes)) else None
+    if not (link > 0 and latency >= 0 and spread >= 1):
+        raise ValueError(f"CCL_LINK_PROFILE={path!r}: link_gbps must be > 0, latency_s >= 0 "
+                         f"and spread >= 1, got {link!r}, {latency!r} and {spread!r}")
+    return (link, latency, spread) if layout == (ranks, list(node_sizes)) else None
 
 
-def write_profile(path, link_gbps, latency_s, ranks, node_sizes):
+def write_profile(path, link_gbps, latency_s, ranks, node_sizes, spread=1.0):
     """Write a profile file (atomically); a warning, not an error, where it cannot."""
     data = {"link_gbps": link_gbps, "latency_s": latency_s, "ranks": ranks,
-            "node_sizes": list(node_sizes)}
+            "node_sizes": list(node_sizes), "spread": spread}
     try:
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
@@ -101,7 +109,7 @@ def _saved(channel, path, node_sizes):
     """The saved figures, read on rank 0 and sent to every rank (collective); None: none.
 
     ``path`` is rank 0's ``CCL_LINK_PROFILE`` (None on the other ranks)."""
-    figures, error = np.zeros(3), None
+    figures, error = np.zeros(4), None
     if path:
         try:
             saved = read_profile(path, channel.size, node_sizes)
@@ -114,7 +122,7 @@ def _saved(channel, path, node_sizes):
     if figures[0] < 0:  # every rank raises alike
         raise error or ValueError("CCL_LINK_PROFILE on rank 0 is not a ccl link profile "
                                   "(see rank 0's error)")
-    return (float(figures[1]), float(figures[2])) if figures[0] > 0 else None
+    return tuple(float(v) for v in figures[1:]) if figures[0] > 0 else None
 
 
 def profile(channel, given=None):
@@ -132,8 +140,8 @@ def profile(channel, given=None):
     -------
     dict
         ``link_gbps``, ``link_source`` (``"given"``, ``"one node"``,
-        ``"saved"`` or ``"measured"``), ``latency_s``, ``nodes`` (node
-        sizes), and ``share``, ``cores``, ``ranks_on_machine``,
+        ``"saved"`` or ``"measured"``), ``latency_s``, ``spread`` (1.0 unless
+        measured or saved), ``nodes`` (node sizes), and ``share``, ``cores``, ``ranks_on_machine``,
         ``other_cores`` (:func:`ccl.threads.cores_share`).
 
     Raises
@@ -146,6 +154,7 @@ def profile(channel, given=None):
         return found
     node_sizes = list(channel.topology().node_sizes)
     one_node = len(node_sizes) == 1 and given != "probe"
+    spread = 1.0
     if isinstance(given, float):
         link, latency, source = given, _latency(channel), "given"
     elif one_node:  # nothing to time: shared memory beats every codec
@@ -155,12 +164,12 @@ def profile(channel, given=None):
         path = config.read("CCL_LINK_PROFILE") if given is None and channel.rank == 0 else None
         saved = _saved(channel, path, node_sizes) if given is None else None
         if saved is not None:
-            (link, latency), source = saved, "saved"
+            (link, latency, spread), source = saved, "saved"
         else:
-            link, latency, source = _link(channel), _latency(channel), "measured"
+            (link, spread), latency, source = _link(channel), _latency(channel), "measured"
             if path:  # rank 0's
-                write_profile(path, link, latency, channel.size, node_sizes)
-    found = {"link_gbps": link, "link_source": source, "latency_s": latency,
+                write_profile(path, link, latency, channel.size, node_sizes, spread)
+    found = {"link_gbps": link, "link_source": source, "latency_s": latency, "spread": spread,
              "nodes": node_sizes, **cores_share(channel, measure=not one_node)}
     channel.link_profiles[given] = channel.link_profile = found
     return found
@@ -214,9 +223,10 @@ def codec_speeds(channel, codec):
     :data:`CODEC_SAMPLE` standard-normal float32 values (SIDCo-like codecs
     vary with the data: this is a typical case, not a bound) after a
     barrier, with the numba threads the call would use, :data:`CODEC_ROUNDS`
-    times; each round counts its slowest rank, and the median round is the
-    answer (the typical round, with the machine's load in it). GB/s of
-    float32 input, like the codec's stated ``encode_gbps``.
+    times; each round counts its slowest rank, and the slowest round is the
+    answer (the machine's load in it, at its worst: the cost model then
+    compresses only where that still wins). GB/s of float32 input, like the
+    codec's stated ``encode_gbps``.
     """
     key = codec.config_hash
     found = channel.codec_speeds.get(key)
@@ -239,7 +249,7 @@ def codec_speeds(channel, codec):
     from mpi4py import MPI
 
     channel.wait(channel.comm.Iallreduce(times, slowest, op=MPI.MAX), "the codec's speed")
-    encode_s, decode_s = np.median(slowest, axis=0)
+    encode_s, decode_s = slowest.max(axis=0)
     found = (float(x.nbytes / max(encode_s, 1e-9) / 1e9),
              float(x.nbytes / max(decode_s, 1e-9) / 1e9))
     channel.codec_speeds[key], channel.codec_names[key] = found, codec.codec_id
@@ -254,5 +264,5 @@ def _latency(channel):
 
 def _link(channel):
     if channel.probed_link_gbps is None:
-        channel.probed_link_gbps = auto.probe_link_gbps(channel.comm)
-    return channel.probed_link_gbps
+        channel.probed_link_gbps, channel.probed_spread = auto.probe_link(channel.comm)
+    return channel.probed_link_gbps, channel.probed_spread

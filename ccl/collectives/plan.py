@@ -168,7 +168,8 @@ class Request:
                     speeds = link.codec_speeds(channel, codec)
             algorithm, self.reason, _ = auto.decide(
                 codec, nbytes, channel.size, dtype, self.collective, found["link_gbps"],
-                bool(self.segment_bytes), found["share"], found["latency_s"], speeds)
+                bool(self.segment_bytes), found["share"], found["latency_s"], speeds,
+                found.get("spread", 1.0))
             nodes = found["nodes"]
             if algorithm != "mpi" and nodes is not None and len(set(nodes)) == 1 \
                     and 1 < len(nodes) < channel.size:
