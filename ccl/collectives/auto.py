@@ -16,7 +16,9 @@ compares two estimates with a deliberately simple cost model
   (``ccl.collectives.link.codec_speeds``), which counts the cores the ranks
   share and the cores other work is using.
 
-It compresses when the estimate wins by :data:`MARGIN`. The bandwidth terms
+It compresses when the estimate wins by :data:`MARGIN`, or by the spread of
+the link probe's rounds where that is larger (:func:`decide`): the more
+timings vary, the clearer the win must be. The bandwidth terms
 are proportional to the size; one term is not: each sequential step of
 messages of the compressing algorithm costs the point-to-point latency
 measured once per communicator (:func:`probe_latency`), so messages too
