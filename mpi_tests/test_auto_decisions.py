@@ -293,3 +293,35 @@ def test_stats_say_what_ran_and_why(comm, monkeypatch):
     found = stats["auto"]
     assert found["link_gbps"] == stats["link_gbps"] == 0.1 and found["link_source"] == "given"
     assert found["latency_s"] >= 0 and 0 < found["share"] <= 1
+
+
+@pytest.mark.mpi
+def test_optimizers_say_what_ran_and_why(comm):
+    torch = pytest.importorskip("torch")
+    import ccl.torch as ct
+
+    ct.init(comm)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.Linear(512, 4))
+        opt = ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      named_parameters=model.named_parameters(), codec="3lc")
+        adam = ct.CompressedAdam(torch.nn.Linear(200, 200).parameters(), warmup_steps=1,
+                                 codec="onebit")
+        for optimizer, net in ((opt, model), (adam, None)):
+            for _ in range(2):
+                optimizer.zero_grad()
+                params = net.parameters() if net is not None else [
+                    p for group in optimizer.param_groups for p in group["params"]]
+                sum((p * (comm.rank + 1)).sum() for p in params).backward()
+                optimizer.step()
+            stats = optimizer.communication_stats()
+            calls = sum(sum(reasons.values()) for reasons in stats["decisions"].values())
+            assert calls == sum(stats["algorithms"].values()) == stats["reductions"] > 0
+            for algorithm, reasons in stats["decisions"].items():
+                assert set(reasons) <= set(auto.REASONS) | {"given"}, reasons
+            if comm.size > 1:  # one node: the large buckets ran MPI_Allreduce, exact
+                assert "shared memory" in stats["decisions"].get("mpi", {})
+                assert stats["auto"]["link_source"] == "one node"
+    finally:
+        ct.shutdown()
