@@ -51,7 +51,8 @@ from ..codecs import get_codec
 from ..threads import budgeted, channel_budget, cores_share
 from . import auto
 
-__all__ = ["profile", "codec_speeds", "read_profile", "write_profile", "decision_stats"]
+__all__ = ["profile", "codec_speeds", "read_profile", "write_profile", "decision_stats",
+           "CODEC_SAMPLE", "CODEC_ROUNDS"]
 
 #: Float32 elements of the sample every rank encodes and decodes to time a codec ...
 CODEC_SAMPLE = 1 << 22

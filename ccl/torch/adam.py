@@ -477,7 +477,7 @@ class CompressedAdam(torch.optim.Optimizer):
             (allreduces started), ``bytes_sent``
             (payload bytes this rank put on the wire, ccl's own count), and what
             ran and why: ``algorithms``, ``decisions`` and ``auto``
-            (:func:`ccl.torch.engine.decision_stats`).
+            (``ccl.torch.engine.decision_stats``).
         """
         return {"step": self.steps, "warmup": self.steps < self.warmup_steps,
                 "params": len(self.params), "compressed_params": sum(self.compressed),

@@ -242,7 +242,7 @@ class _DistributedMixin:
             ``buckets``, ``compressed_buckets``, ``bucket_bytes`` (list),
             ``reductions``, ``bytes_sent`` (payload bytes this rank put on
             the wire, ccl's own count), and what ran and why: ``algorithms``,
-            ``decisions`` and ``auto`` (:func:`ccl.torch.engine.decision_stats`).
+            ``decisions`` and ``auto`` (``ccl.torch.engine.decision_stats``).
         """
         reducer = self._ccl
         return {"buckets": len(reducer.buckets),
