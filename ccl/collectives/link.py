@@ -11,10 +11,10 @@ same on every rank, found once per communicator and kept on its channel:
    run alike. Name an algorithm to compress on one machine.
 3. **A saved profile.** ``CCL_LINK_PROFILE=<file>`` names a JSON file
    ``{"link_gbps": ..., "latency_s": ..., "ranks": ..., "node_sizes":
-   [...], "spread": ...}``: where it exists for the same ranks and nodes, its figures are
-   used (rank 0 reads it and sends them to every rank); where it does not,
-   the figures are measured and rank 0 writes it. A file for another layout
-   is measured again and overwritten.
+   [...], "spread": ...}``: where it exists for the same ranks and nodes,
+   its figures are used (rank 0 reads it and sends them to every rank);
+   where it does not, the figures are measured and rank 0 writes it. A
+   file for another layout is measured again and overwritten.
 4. **Measured.** :func:`ccl.collectives.auto.probe_link` and
    :func:`~ccl.collectives.auto.probe_latency`: the fastest of several
    rounds, each as slow as its slowest rank, so every rank has one value;
@@ -30,10 +30,11 @@ work on the machine slow it as they slow the call; the slowest of
 configuration. The two sides are measured on purpose in opposite ways:
 ``MPI_Allreduce`` at its fastest round, the codec at its slowest, so
 ``auto`` compresses only where compression wins even then: where timings
-vary (a loaded machine) it keeps to the exact ``MPI_Allreduce``. The share of a core each rank gets
-(:func:`ccl.threads.cores_share`: its cores among the ranks of its machine
-and the cores other work keeps busy) is measured alongside and reported, to
-say why a codec runs below its stated speed.
+vary (a loaded machine) it keeps to the exact ``MPI_Allreduce``. The share
+of a core each rank gets (:func:`ccl.threads.cores_share`: its cores among
+the ranks of its machine and the cores other work keeps busy) is measured
+alongside: below one, codec time does not overlap transfers in the model,
+and it says why a codec runs below its stated speed.
 ``Communicator.stats()["auto"]`` shows the profile.
 """
 
