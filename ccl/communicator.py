@@ -117,35 +117,37 @@ class Communicator:
         return self._channel.size
 
     def stats(self):
-        """Counters of this communicator's calls on this rank.
+        """Counters of this communicator's calls on this rank, and what ``auto`` decided from.
 
         Returns
         -------
         dict
             ``calls`` (collectives run), ``bytes_sent`` (payload bytes this
             rank put on the wire for them, ccl's own count), ``algorithms``
-            (how many calls ran each algorithm, ``auto`` resolved) and
-            ``link_gbps`` (the link speed ``auto`` uses: ``link_gbps=``,
-            else ``CCL_LINK_GBPS``, else the one it measured; None until
-            measured) and ``threads`` (the numba threads this rank's kernels
-            run on, :mod:`ccl.threads`, at most numba's pool size; None
-            before the first call, or when ``NUMBA_NUM_THREADS`` decides).
+            (how many calls ran each algorithm, ``auto`` resolved),
+            ``decisions`` (``{algorithm: {reason: calls}}``, reasons from
+            :data:`ccl.collectives.auto.REASONS`, ``"given"`` for a named
+            algorithm), ``auto`` (what ``auto`` decided from: link speed and
+            its source, latency, nodes, share of a core; None until needed,
+            :func:`ccl.collectives.link.profile`), ``link_gbps`` (the link
+            speed ``auto`` uses: ``link_gbps=``, else ``CCL_LINK_GBPS``, else
+            the one it measured; None until measured) and ``threads`` (the
+            numba threads this rank's kernels run on, :mod:`ccl.threads`, at
+            most numba's pool size; None before the first call, or when
+            ``NUMBA_NUM_THREADS`` decides).
 
         Examples
         --------
         >>> import numpy as np, ccl
         >>> c = ccl.Communicator(codec="fp16", algorithm="ring", min_compress_bytes=0)
         >>> _ = c.allreduce(np.ones(8, np.float32))
-        >>> c.stats()["calls"]
-        1
+        >>> c.stats()["calls"], c.stats()["decisions"]
+        (1, {'ring': {'given': 1}})
         """
-        link, budget = self.options.link_gbps, self._channel.thread_budget
+        link = self.options.link_gbps
         link = config.read_or_none("CCL_LINK_GBPS") if link is None else link  # as the calls
         return {"calls": self._calls, "bytes_sent": self._bytes_sent,
-                "algorithms": dict(self._algorithms),
-                "link_gbps": self._channel.probed_link_gbps if link in (None, "probe")
-                else link,
-                "threads": None if budget is None else budget[0]}
+                **collectives.link.decision_stats(self._channel, self._algorithms, link)}
 
     def set_lr(self, lr):
         """Tell learning-rate-corrected error feedback the current learning rate (local).

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 __all__ = ["VARIABLES", "Variable", "read", "switch", "timeout_seconds", "byte_count",
            "segment_bytes", "period_seconds", "read_or_none", "check_environment",
-           "is_oneccl_variable", "link_gbps", "positive_int", "unknown_variables", "warn_unknown"]
+           "is_oneccl_variable", "link_gbps", "positive_int", "file_path", "unknown_variables",
+           "warn_unknown"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -158,6 +159,11 @@ def _gbit_rate(value, name="value"):
     return number
 
 
+def file_path(value, name="value"):
+    """Parse a file path: the text, stripped; None when not given (never raises)."""
+    return _text(value) or None
+
+
 def positive_int(value, name="value"):
     """Parse a positive integer; None when not given.
 
@@ -212,10 +218,15 @@ VARIABLES = {v.name: v for v in (
     Variable("CCL_TIMEOUT", timeout_seconds, "0 (wait forever)",
              "Seconds a rank waits for a peer before it reports the collective and aborts "
              "the job; the `timeout=` argument overrides it."),
-    Variable("CCL_LINK_GBPS", link_gbps, "measured once per communicator",
-             "Link speed in Gbit/s for `algorithm=\"auto\"`'s cost model; `probe` measures "
-             "it, the same as unset (ranks with `probe` and ranks without agree); "
-             "`link_gbps=` overrides it."),
+    Variable("CCL_LINK_GBPS", link_gbps, "one node: none (exact MPI); several: measured",
+             "Link speed in Gbit/s for `algorithm=\"auto\"`'s cost model; unset: ranks on "
+             "one node are not timed (shared memory, exact `MPI_Allreduce`), ranks on several "
+             "nodes measure it once per communicator; `probe` is the same as unset (ranks with "
+             "`probe` and ranks without agree); `link_gbps=` overrides it."),
+    Variable("CCL_LINK_PROFILE", file_path, "unset",
+             "JSON file of the measured link speed and latency across nodes (rank 0's "
+             "counts): read when it exists for the same ranks and nodes, else measured and "
+             "written, so later runs decide from the same figures."),
     Variable("CCL_SEGMENT_BYTES", segment_bytes, "1048576",
              "Payload bytes per pipeline segment of ring and direct; 0 turns pipelining off; "
              "`segment_bytes=` overrides it."),

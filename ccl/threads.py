@@ -40,6 +40,7 @@ import contextlib
 import hashlib
 import os
 import sys
+import time
 
 import numba
 import numpy as np
@@ -48,7 +49,8 @@ from mpi4py import MPI
 from . import config
 
 __all__ = ["available_cores", "machine_id", "budget", "fair_share", "ranks_on_machine",
-           "torch_threads_kept", "budgeted", "channel_budget"]
+           "torch_threads_kept", "budgeted", "channel_budget", "busy_cores", "cores_share",
+           "LOAD_WINDOW_S"]
 
 
 def available_cores():
@@ -159,6 +161,113 @@ def channel_budget(channel):
             threads = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
         channel.thread_budget = (threads, float(shares[0]))
     return channel.thread_budget
+
+
+#: Seconds :func:`cores_share` watches the machine while this communicator's ranks sleep.
+LOAD_WINDOW_S = 0.2
+_USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_ticks(cpus):
+    """``(busy, total)`` ticks of ``cpus`` from ``/proc/stat`` (None where it is unreadable)."""
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    busy = total = 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            ticks = [int(v) for v in rest.split()]
+            idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+            busy, total = busy + sum(ticks[:8]) - idle, total + sum(ticks[:8])
+    return (busy, total) if total else None
+
+
+def _watch(seconds):
+    """Sleep ``seconds``; return ``(busy, own, window)`` seconds, or None off Linux.
+
+    ``busy`` is the CPU time all work spent on this process's cores (its
+    affinity) meanwhile, from ``/proc/stat``; ``own`` this process's CPU time
+    (every thread); ``window`` the seconds the kernel counted.
+    """
+    try:
+        cpus = set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return None
+    own = time.process_time()
+    before = _cpu_ticks(cpus)
+    time.sleep(seconds)
+    after = _cpu_ticks(cpus)
+    own = time.process_time() - own
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    # total ticks / cores is the window as the kernel counted it
+    return ((after[0] - before[0]) / _USER_HZ, own,
+            (after[1] - before[1]) / _USER_HZ / len(cpus))
+
+
+def busy_cores(seconds=LOAD_WINDOW_S):
+    """The cores of this process's affinity that other processes keep busy, over ``seconds``.
+
+    Sleeps for ``seconds`` and reads the busy time of the process's cores
+    from ``/proc/stat`` before and after, less this process's own CPU time.
+    Returns 0.0 where ``/proc/stat`` is not there (not Linux).
+    """
+    watched = _watch(seconds)
+    if watched is None:
+        return 0.0
+    busy, own, window = watched
+    return min(float(available_cores()), max(0.0, (busy - own) / window))
+
+
+def cores_share(channel, measure=True):
+    """The share of a core each rank of ``channel`` gets, agreed (collective, cached).
+
+    ``cores / (ranks + others)``, at most 1, the smallest of any rank:
+    ``cores`` is the rank's affinity, ``ranks`` the ranks of the
+    communicator on its machine, and ``others`` the cores that work outside
+    those ranks kept busy while they slept for :data:`LOAD_WINDOW_S` after a
+    barrier (the busy time of the cores from ``/proc/stat``, less the CPU
+    time of the ranks of the machine): the kernel shares the cores among
+    every runnable thread, so two busy processes beside four ranks on two
+    cores leave each rank a third of a core. With ``measure=False`` other
+    work is not looked for (``others`` is 0, :func:`fair_share`); off Linux
+    it counts as 0. Measured once per communicator; ``auto``'s cost model
+    runs the codecs at this share.
+
+    Returns
+    -------
+    dict
+        ``share`` (agreed), ``cores``, ``ranks_on_machine`` and
+        ``other_cores`` (the most any rank measured; None when not measured).
+    """
+    cached = getattr(channel, "cores_share", None)
+    if cached is not None and (cached["other_cores"] is not None or not measure):
+        return cached
+    from mpi4py import MPI
+
+    cores = available_cores()
+    ranks = ranks_on_machine(channel.comm, channel.wait)
+    others = None
+    if measure:
+        channel.wait(channel.comm.Ibarrier(), "the other ranks, to watch the machine's load")
+        watched = _watch(LOAD_WINDOW_S) or (0.0, 0.0, 1.0)
+        # every rank's CPU time, by machine, in nanoseconds
+        mine = np.array([machine_id(), int(watched[1] * 1e9)], dtype=np.int64)
+        rows = np.empty((channel.size, 2), dtype=np.int64)
+        channel.wait(channel.comm.Iallgather([mine, MPI.INT64_T], [rows, MPI.INT64_T]),
+                     "the CPU time of every rank")
+        job = rows[rows[:, 0] == mine[0], 1].sum() / 1e9
+        others = min(float(cores), max(0.0, (watched[0] - job) / watched[2]))
+    mine = np.array([min(1.0, cores / max(1.0, ranks + (others or 0.0))), -(others or 0.0)])
+    agreed = np.empty(2)
+    channel.wait(channel.comm.Iallreduce(mine, agreed, op=MPI.MIN), "the cores of every rank")
+    channel.cores_share = {"share": float(agreed[0]), "cores": cores,
+                           "ranks_on_machine": ranks,
+                           "other_cores": None if others is None else float(-agreed[1])}
+    return channel.cores_share
 
 
 @contextlib.contextmanager

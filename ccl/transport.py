@@ -58,6 +58,10 @@ class Channel(Waiting):
     probed_latency : float or None
         Seconds per step of point-to-point messages, measured for ``auto``
         (None until it is measured).
+    cores_share, link_profiles, link_profile, codec_speeds, codec_names
+        What ``auto`` decides from, found once (``ccl.collectives.link``): the
+        share of cores, the profile per link speed given, the latest used,
+        codec speeds measured (and their codec ids) by config hash.
     thread_budget : tuple or None
         ``(numba threads of this rank, smallest share of cores of any rank)``
         (:func:`ccl.threads.channel_budget`; None until the first call).
@@ -75,8 +79,12 @@ class Channel(Waiting):
         self.size = self.comm.Get_size()
         self.calls = 0
         self.bytes_sent = 0
-        self.probed_link_gbps = None  # measured once, when auto first needs it
+        self.probed_link_gbps = self.probed_spread = None  # measured once, when auto needs it
         self.probed_latency = None  # seconds per step of messages, likewise
+        self.cores_share = None  # auto's share of cores, likewise
+        self.link_profiles = {}  # auto's inputs, per link speed given
+        self.link_profile = None  # the latest of them (Communicator.stats()["auto"])
+        self.codec_speeds, self.codec_names = {}, {}  # measured, by codec config hash
         self.thread_budget = None  # (threads, agreed share of cores), at the first call
         self._lock = threading.Lock()
         # (request, buffer) of this call's sends, and of earlier calls that ended by an

@@ -384,6 +384,8 @@ def test_auto_measures_the_link_once_when_nobody_gives_it(comm, monkeypatch):
     from ccl.transport import channel
 
     monkeypatch.delenv("CCL_LINK_GBPS", raising=False)
+    monkeypatch.delenv("CCL_LINK_PROFILE", raising=False)
+    monkeypatch.setenv("CCL_LOCAL_SIZE", "1")  # ranks on several nodes: one node times nothing
     fresh = comm.Dup()
     try:
         small = rank_input(comm.rank, 1000)  # latency-bound: no measurement needed

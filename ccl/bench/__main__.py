@@ -14,6 +14,7 @@ COMMANDS = {
     "report": "ccl.bench.report",        # regenerate docs/benchmarks.md (all of the above)
     "cluster": "ccl.bench.cluster",      # root: run a command on an emulated rate-limited cluster
     "gpu": "ccl.bench.gpu",              # GPU + cupy: device encode/decode GB/s vs a device copy
+    "decisions": "ccl.bench.decisions",  # launches mpiexec itself: auto's decisions, run to run
     "gpu-allreduce": "ccl.bench.gpu_allreduce",  # under mpiexec: cupy arrays vs MPI_Allreduce
     "gpu-train": "ccl.bench.gpu_train",  # under mpiexec: optimizer steps on CUDA tensors
 }
@@ -31,6 +32,7 @@ SUMMARY = {
     "report": "run the benchmarks and regenerate docs/benchmarks.md",
     "cluster": "run a command on an emulated cluster of rate-limited hosts; root",
     "gpu": "device encode/decode throughput against a device copy; GPU and cupy",
+    "decisions": "launches the same job N times: does auto decide alike? (starts mpiexec)",
     "gpu-allreduce": "cupy arrays: compressed allreduce against MPI_Allreduce; under mpiexec",
     "gpu-train": "optimizer steps on CUDA tensors, lossy codecs against none; under mpiexec",
 }

@@ -11,31 +11,40 @@ compares two estimates with a deliberately simple cost model
   spends the codec's encode and decode time, overlapped with the transfers
   when the algorithm is pipelined. The codec states what it sends and how
   fast it runs (``Codec.bits_per_value``, ``encode_gbps``,
-  ``decode_gbps``, one core's figures); a rank that shares its cores with
-  other ranks of its node gets that share of them
-  (:func:`ccl.threads.fair_share`).
+  ``decode_gbps``, one core's figures); inside a collective ``auto``
+  measures instead how fast the codec runs with every rank encoding at once
+  (``ccl.collectives.link.codec_speeds``), which counts the cores the ranks
+  share and the cores other work is using.
 
-It compresses when the estimate wins by :data:`MARGIN`. The bandwidth terms
+It compresses when the estimate wins by :data:`MARGIN`, or by the spread of
+the link probe's rounds where that is larger (:func:`decide`): the more
+timings vary, the clearer the win must be. The bandwidth terms
 are proportional to the size; one term is not: each sequential step of
 messages of the compressing algorithm costs the point-to-point latency
 measured once per communicator (:func:`probe_latency`), so messages too
 small to earn it back go uncompressed. A partitioned tensor is decided
 once, as a whole, and its pieces all run that decision.
 
-The link speed comes from ``link_gbps=`` (``Communicator``), else
-``CCL_LINK_GBPS``, else it is **measured** once per communicator, the first
-time ``auto`` needs it (:func:`probe_link_gbps`, collective, a fraction of a
-second). Every input of the decision is agreed by every rank (the measured
-speed is one value for all), so every rank picks the same algorithm.
+Where the link speed comes from (:mod:`ccl.collectives.link`), in order:
+``link_gbps=`` (``Communicator``), else ``CCL_LINK_GBPS``; else, when every
+rank of the communicator is on one node, nothing is timed: shared memory
+counts as faster than any codec, so float32 and float64 go to the MPI
+library's own exact allreduce, the same way in every run; else (ranks on
+several nodes) the file named by ``CCL_LINK_PROFILE``, else it is
+**measured** once per communicator (:func:`probe_link_gbps`, collective,
+under a second). Every input of the decision is agreed by every rank (the
+measured figures are one value for all), so every rank picks the same
+algorithm; :func:`decide` also says why (:data:`REASONS`).
 """
 
 import math
 import time
+from collections import namedtuple
 
 import numpy as np
 
-__all__ = ["choose", "fitting", "estimate", "needs_link", "probe_link_gbps", "probe_latency",
-           "rounds",
+__all__ = ["choose", "decide", "Decision", "fitting", "estimate", "needs_link",
+           "probe_link", "probe_link_gbps", "probe_latency", "rounds", "REASONS",
            "MIN_COMPRESS_BYTES", "TREE_MAX_BYTES", "MARGIN"]
 
 #: Below this many bytes per rank, latency dominates: send uncompressed with MPI.
@@ -44,13 +53,16 @@ MIN_COMPRESS_BYTES = 65536
 TREE_MAX_BYTES = 1 << 20
 #: Compress only when the model says it is this many times faster than MPI_Allreduce.
 MARGIN = 1.1
-#: The probe grows its message from this size ...
-PROBE_MIN_BYTES = 1 << 16
+#: The probe grows its message from this size (large enough that bandwidth, not the
+#: scheduling of ranks on a loaded machine, sets its time) ...
+PROBE_MIN_BYTES = 1 << 22
 #: ... by this factor ...
 PROBE_GROWTH = 4
 #: ... until one allreduce takes this long (seconds), or it reaches this size.
 PROBE_TARGET_S = 0.03
 PROBE_MAX_BYTES = 1 << 24
+#: Timed rounds at the size the probe settled on; the fastest round counts.
+PROBE_ROUNDS = 5
 
 
 def _complete(request, wait, what):
@@ -61,22 +73,39 @@ def _complete(request, wait, what):
         wait(request, what)
 
 
-def probe_link_gbps(comm, wait=None):
-    """Measure the link speed that ``MPI_Allreduce`` reaches, identically on every rank.
+def _slowest_per_round(comm, seconds, wait=None, what="a probe"):
+    """The slowest rank's time of every round (one ``MAX`` allreduce): agreed by every rank."""
+    from mpi4py import MPI
 
-    Times ``MPI_Allreduce`` of float32 messages growing from
-    ``PROBE_MIN_BYTES`` by ``PROBE_GROWTH`` until one takes
-    ``PROBE_TARGET_S`` (or reaches ``PROBE_MAX_BYTES``), the best of
-    two at each size, and converts the slowest rank's time of the last size
-    with the ring bound ``2 (p-1)/p · n``. That is what ``auto`` competes
-    with: the MPI library's own allreduce on these links and CPUs. On a
-    1 Gbit/s network it stops at 4 MB after about a tenth of a second.
+    slowest = np.empty(len(seconds))
+    _complete(comm.Iallreduce(np.asarray(seconds, dtype=np.float64), slowest, op=MPI.MAX),
+              wait, what)
+    return slowest
+
+
+def probe_link(comm, rounds=None, wait=None):
+    """Measure the link speed that ``MPI_Allreduce`` reaches, and its spread, on every rank alike.
+
+    First the size: float32 messages grow from ``PROBE_MIN_BYTES`` (4 MB:
+    a smaller message measures how long ranks wait for a core on a loaded
+    machine, not the link) by ``PROBE_GROWTH`` until one allreduce takes
+    ``PROBE_TARGET_S`` (or reaches ``PROBE_MAX_BYTES``). Then ``rounds`` (default
+    ``PROBE_ROUNDS``) allreduces of that size, each after a barrier; a
+    round lasts as long as its slowest rank, and the *fastest* round counts:
+    other work on the machine, or a rank not yet scheduled, only ever adds
+    time, so the minimum is the statistic that repeats from run to run. The
+    time converts to Gbit/s with the ring bound ``2 (p-1)/p · n``. That is
+    what ``auto`` competes with: the MPI library's own allreduce on these
+    links. On a 1 Gbit/s network it settles on 4 MB, in about half a second;
+    at 100 Mbit/s it takes a few seconds.
     Collective: every rank must call it.
 
     Parameters
     ----------
     comm : mpi4py.MPI.Intracomm
         The communicator (ccl passes its private duplicate).
+    rounds : int, optional
+        Timed rounds at the final size.
     wait : callable, optional
         ``wait(request, what)`` completes each (nonblocking) MPI call; ccl
         passes its channel's, which honours the call's timeout. Default:
@@ -84,57 +113,80 @@ def probe_link_gbps(comm, wait=None):
 
     Returns
     -------
-    float
-        Gbit/s (``math.inf`` on one rank: there is no network).
+    (float, float)
+        Gbit/s (``math.inf`` on one rank: there is no network), and the
+        spread: the slowest round's time over the fastest's (1.0 on one
+        rank). A machine whose timings vary (other work on it) has a large
+        spread; :func:`decide` then asks compression to win by as much.
     """
-    from mpi4py import MPI
-
     p = comm.Get_size()
     if p == 1:
-        return math.inf
+        return math.inf, 1.0
+    rounds = PROBE_ROUNDS if rounds is None else max(1, int(rounds))
+    what = "the link probe (MPI_Allreduce of every rank)"
     x = np.ones(PROBE_MAX_BYTES // 4, dtype=np.float32)
     out = np.empty_like(x)
+    # connections are set up on first use
+    _complete(comm.Iallreduce(x[:1 << 14], out[:1 << 14]), wait, what)
     n = PROBE_MIN_BYTES // 4
-    what = "the link probe (MPI_Allreduce of every rank)"
-    # connections and buffers are set up on first use
-    _complete(comm.Iallreduce(x[:n], out[:n]), wait, what)
-    slowest = np.empty(1)
-    while True:
-        best = math.inf
-        for _ in range(2):
+
+    def timed(count):
+        times = []
+        for _ in range(count):
             _complete(comm.Ibarrier(), wait, what)
             start = time.perf_counter()
             _complete(comm.Iallreduce(x[:n], out[:n]), wait, what)
-            best = min(best, time.perf_counter() - start)
-        # the slowest rank's time decides, and every rank must take the same branch
-        _complete(comm.Iallreduce(np.array([best]), slowest, op=MPI.MAX), wait, what)
-        if slowest[0] >= PROBE_TARGET_S or n * 4 >= PROBE_MAX_BYTES:
-            break
+            times.append(time.perf_counter() - start)
+        return _slowest_per_round(comm, times, wait, what)
+
+    # every rank takes the same branch: the slowest rank's times decide
+    while min(timed(2)) < PROBE_TARGET_S and n * 4 < PROBE_MAX_BYTES:
         n = min(n * PROBE_GROWTH, x.size)
-    return 2 * (p - 1) / p * n * 4 * 8 / max(float(slowest[0]), 1e-9) / 1e9
+    slowest = timed(rounds)
+    best = max(float(slowest.min()), 1e-9)
+    return 2 * (p - 1) / p * n * 4 * 8 / best / 1e9, float(slowest.max()) / best
 
 
-#: Point-to-point rounds the latency probe times (the best of them counts).
-PROBE_LATENCY_ROUNDS = 5
+def probe_link_gbps(comm, rounds=None, wait=None):
+    """The link speed of :func:`probe_link` alone, in Gbit/s (collective).
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+    rounds : int, optional
+    wait : callable, optional
+        As for :func:`probe_link`.
+
+    Returns
+    -------
+    float
+    """
+    return probe_link(comm, rounds, wait)[0]
+
+
+#: Point-to-point rounds the latency probe times (the fastest of them counts).
+PROBE_LATENCY_ROUNDS = 9
 
 
 def probe_latency(comm, wait=None):
     """Measure one round of point-to-point messages around the ring, identically on every rank.
 
     Every rank sends a byte to its right neighbour and receives one from its
-    left, ``PROBE_LATENCY_ROUNDS`` times, every round after a barrier; the
-    slowest rank's best round is the answer: the library's point-to-point
-    latency, which a compressing algorithm pays per sequential step of
-    messages beyond their bytes. It does not see what ranks that share
-    cores pay on top (a step waits for its neighbour to be scheduled, up to
-    milliseconds), since the barrier wakes every rank first. Collective.
+    left, ``PROBE_LATENCY_ROUNDS`` times, every round after a barrier; a
+    round lasts as long as its slowest rank, and the fastest round is the
+    answer (the same statistic as :func:`probe_link_gbps`): the library's
+    point-to-point latency, which a compressing algorithm pays per
+    sequential step of messages beyond their bytes. It does not see what
+    ranks that share cores pay on top (a step waits for its neighbour to be
+    scheduled, up to milliseconds), since the barrier wakes every rank
+    first. Collective.
 
     Parameters
     ----------
     comm : mpi4py.MPI.Intracomm
         The communicator (ccl passes its private duplicate).
     wait : callable, optional
-        As for :func:`probe_link_gbps`.
+        As for :func:`probe_link`.
 
     Returns
     -------
@@ -147,18 +199,16 @@ def probe_latency(comm, wait=None):
     if p == 1:
         return 0.0
     out, into = np.zeros(1, np.uint8), np.empty(1, np.uint8)
-    best = math.inf
     what = "the latency probe (messages around the ring of ranks)"
+    times = []
     for _ in range(PROBE_LATENCY_ROUNDS):
         _complete(comm.Ibarrier(), wait, what)
         start = time.perf_counter()
         receiving = comm.Irecv([into, MPI.BYTE], (r - 1) % p, 0)
         _complete(comm.Isend([out, MPI.BYTE], (r + 1) % p, 0), wait, what)
         _complete(receiving, wait, what)
-        best = min(best, time.perf_counter() - start)
-    slowest = np.empty(1)
-    _complete(comm.Iallreduce(np.array([best]), slowest, op=MPI.MAX), wait, what)
-    return float(slowest[0])
+        times.append(time.perf_counter() - start)
+    return float(min(_slowest_per_round(comm, times, wait, what)))
 
 
 def rounds(algorithm, size):
@@ -175,7 +225,7 @@ def rounds(algorithm, size):
 
 
 def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelined=True,
-             cores=1.0, latency=0.0):
+             cores=1.0, latency=0.0, speeds=None):
     """Estimated seconds of ``MPI_Allreduce`` and of a compressed allreduce.
 
     Parameters
@@ -194,12 +244,18 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
     pipelined : bool
         Whether codec time overlaps the transfers (segmented ring and direct).
     cores : float
-        The rank's share of its node's cores; the codec runs that much slower
-        when it is below 1.
+        The rank's share of its machine's cores; the codec runs that much
+        slower when it is below 1 (unless ``speeds`` are given), and a
+        pipelined algorithm's codec time no longer overlaps its transfers.
     latency : float
         Seconds per sequential step of messages (:func:`probe_latency`); the
         compressing algorithm pays it :func:`rounds` times. ``MPI_Allreduce``
         is taken to pay none (its latency is in its measured link speed).
+    speeds : tuple of float, optional
+        ``(encode_gbps, decode_gbps)`` measured as the ranks run the codec
+        now (``ccl.collectives.link.codec_speeds``): used in place of the
+        codec's stated one-core figures, and ``cores`` is then not applied
+        (the measurement already ran at the rank's share of the cores).
 
     Returns
     -------
@@ -220,10 +276,15 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
     else:  # ring and direct: every element encoded about once, decoded (2p-1)/p times
         wire, encodes, decodes = 2 * (p - 1) / p * payload, (p + 1) / p, (2 * p - 1) / p
     # the speeds are GB/s of float32 input, i.e. per 4 bytes of elements
-    codec_s = elements * 4 * (encodes / (codec.encode_gbps * 1e9)
-                              + decodes / (codec.decode_gbps * 1e9)) / min(cores, 1.0)
+    if speeds is None:
+        speeds, share = (codec.encode_gbps, codec.decode_gbps), min(cores, 1.0)
+    else:
+        share = 1.0
+    codec_s = elements * 4 * (encodes / (speeds[0] * 1e9) + decodes / (speeds[1] * 1e9)) / share
     wire_s = wire / rate
-    overlap = pipelined and algorithm in ("ring", "direct")
+    # overlapping codec work with transfers needs a core for each: a rank with less
+    # than one (ranks sharing cores, other work) pays for both in turn
+    overlap = pipelined and algorithm in ("ring", "direct") and cores >= 1.0
     busy = max(wire_s, codec_s) + 0.25 * min(wire_s, codec_s) if overlap else wire_s + codec_s
     return t_mpi, busy + rounds(algorithm, p) * latency
 
@@ -241,8 +302,74 @@ def needs_link(codec, nbytes, size, dtype, collective="allreduce"):
             and dtype in (np.dtype(np.float32), np.dtype(np.float64)))
 
 
+#: Why :func:`decide` picked what it did (``Communicator.stats()["decisions"]`` counts them).
+REASONS = {
+    "reduce_scatter": "a reduce-scatter is always compressed",
+    "one rank": "one rank: nothing to send",
+    "no codec": "the codec is the identity: nothing to compress",
+    "small": "below MIN_COMPRESS_BYTES per rank: latency, not bandwidth, costs",
+    "dtype": "the MPI library cannot reduce this dtype: compressed",
+    "shared memory": "no slower link than shared memory (all ranks on one node, or "
+                     "link_gbps=inf): exact MPI_Allreduce",
+    "no link speed": "the link speed is unknown: uncompressed",
+    "model: MPI": "the cost model: MPI_Allreduce at least as fast at this link speed, "
+                  "latency and share of cores",
+    "model: compress": "the cost model: compressing wins by MARGIN at this link speed, "
+                       "latency and share of cores",
+}
+
+#: ``decide``'s answer: the algorithm name, the key of :data:`REASONS`, and for the cost
+#: model its ``(t_mpi, t_compressed)`` estimate in seconds (None otherwise).
+Decision = namedtuple("Decision", ["algorithm", "reason", "estimate"])
+
+
+def decide(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
+           pipelined=True, cores=1.0, latency=0.0, speeds=None, spread=1.0):
+    """The algorithm ``auto`` resolves to, and why (:func:`choose` with the reason).
+
+    Parameters are those of :func:`choose`, and ``spread``: how much the
+    link probe's rounds varied (:func:`probe_link`). Compression must win
+    by ``max(MARGIN, spread)``: on a machine whose timings vary, by as much
+    as they vary.
+
+    Returns
+    -------
+    Decision
+        ``(algorithm, reason, estimate)``; ``reason`` is a key of :data:`REASONS`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ccl.codecs import get_codec
+    >>> decide(get_codec("3lc"), 64 << 20, 4, np.float32, link_gbps=math.inf)[:2]
+    ('mpi', 'shared memory')
+    >>> decide(get_codec("3lc"), 1024, 4, np.float32, link_gbps=1.0)[:2]
+    ('mpi', 'small')
+    """
+    if collective == "reduce_scatter":
+        return Decision("ring" if codec.homomorphic else "direct", "reduce_scatter", None)
+    dtype = np.dtype(dtype)
+    reason, times = "dtype", None
+    if dtype in (np.dtype(np.float32), np.dtype(np.float64)):  # MPI can reduce it
+        if not needs_link(codec, nbytes, size, dtype, collective):
+            reason = ("one rank" if size <= 1 else "no codec" if codec.identity else "small")
+            return Decision("mpi", reason, None)
+        if link_gbps is None or link_gbps == "probe":
+            return Decision("mpi", "no link speed", None)
+        if math.isinf(link_gbps):
+            return Decision("mpi", "shared memory", None)
+        times = estimate(codec, nbytes, size, link_gbps, dtype.itemsize,
+                         pipelined=pipelined, cores=cores, latency=latency, speeds=speeds)
+        if times[1] * max(MARGIN, spread) > times[0]:
+            return Decision("mpi", "model: MPI", times)
+        reason = "model: compress"
+    if codec.homomorphic and nbytes < TREE_MAX_BYTES:
+        return Decision("tree", reason, times)
+    return Decision(fitting(codec), reason, times)
+
+
 def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
-           pipelined=True, cores=1.0, latency=0.0):
+           pipelined=True, cores=1.0, latency=0.0, speeds=None):
     """Return the algorithm name ``auto`` resolves to.
 
     Parameters
@@ -258,13 +385,18 @@ def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
     link_gbps : float or None
         Link speed in Gbit/s (agreed by every rank); None: unknown, so an
         allreduce of float32/float64 is not compressed (the collectives
-        measure it before asking, see :func:`needs_link`).
+        find it before asking, see :func:`needs_link`); ``math.inf``:
+        shared memory, never compressed.
     pipelined : bool
         Whether ring and direct run pipelined (segments), for the estimate.
     cores : float
-        The rank's share of its node's cores (agreed: the smallest share).
+        The rank's share of cores (agreed: the smallest share,
+        :func:`ccl.threads.cores_share`).
     latency : float
         Seconds per sequential step of messages (agreed, :func:`probe_latency`).
+    speeds : tuple of float, optional
+        The codec's measured ``(encode_gbps, decode_gbps)`` (agreed, see
+        :func:`estimate`).
 
     Returns
     -------
@@ -281,21 +413,8 @@ def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
     >>> choose(get_codec("none"), 64 << 20, 4, np.float32, link_gbps=1.0)
     'mpi'
     """
-    if collective == "reduce_scatter":
-        return "ring" if codec.homomorphic else "direct"
-    dtype = np.dtype(dtype)
-    if dtype in (np.dtype(np.float32), np.dtype(np.float64)):  # MPI can reduce it
-        if not needs_link(codec, nbytes, size, dtype, collective):
-            return "mpi"  # one rank, no codec, or latency-bound
-        if link_gbps is None or link_gbps == "probe" or math.isinf(link_gbps):
-            return "mpi"  # no network known to be slower than the codecs
-        t_mpi, t_codec = estimate(codec, nbytes, size, link_gbps, dtype.itemsize,
-                                  pipelined=pipelined, cores=cores, latency=latency)
-        if t_codec * MARGIN > t_mpi:
-            return "mpi"
-    if codec.homomorphic and nbytes < TREE_MAX_BYTES:
-        return "tree"
-    return fitting(codec)
+    return decide(codec, nbytes, size, dtype, collective, link_gbps, pipelined, cores,
+                  latency, speeds).algorithm
 
 
 def fitting(codec):

@@ -17,6 +17,7 @@
    alike, and shape the result like the input.
 """
 
+import math
 import threading
 
 import numpy as np
@@ -30,7 +31,7 @@ from ..codecs.context import all_finite
 from ..codecs.header import FLAG_FAILED, FLAG_OVERFLOW
 from ..errors import CompressionOverflowError, NonFiniteError, PeerError
 from ..threads import budgeted, channel_budget
-from . import auto
+from . import auto, link
 from .base import DEFAULT_SEGMENT_BYTES, Call, segment_count
 from .algorithms import ALGORITHMS, REDUCE_SCATTER
 
@@ -71,7 +72,7 @@ class Request:
         self.codec = self.x = self.flat = None
         self.backend = backend_of(x)
         self.nonfinite = False
-        self.timeout = self.segment_bytes = self.link_gbps = self.cross = None
+        self.timeout = self.segment_bytes = self.link_gbps = self.cross = self.reason = None
         try:
             self.options = options = options.replace(**overrides)
             self.codec = options.codec
@@ -151,46 +152,42 @@ class Request:
         """The algorithm of the call (``auto`` decided), after the agreement (collective).
 
         Also sets ``cross``: the flat algorithm ``hierarchical`` runs across
-        nodes (None for the others). ``auto`` picks ``hierarchical`` where
+        nodes (None for the others), and ``reason``: why (a key of
+        :data:`ccl.collectives.auto.REASONS`, or ``"given"`` for an
+        algorithm the caller named). ``auto`` picks ``hierarchical`` where
         compressing pays and the ranks sit on several nodes of several ranks
-        each (``Channel.topology()`` in ``ccl.transport``).
+        each (``Channel.topology()`` in ``ccl.transport``). Its inputs come
+        from :func:`ccl.collectives.link.profile`.
         """
-        self.cross = None
+        self.cross, self.reason = None, "given"
         if self.collective == "allgather":
             return "allgather"
         algorithm, codec = self.options.algorithm, self.codec
         nbytes, dtype = self.x.nbytes, self.x.dtype
         if algorithm == "auto":
-            cores, nodes, latency = 1.0, None, 0.0
+            found = {"link_gbps": None, "share": 1.0, "latency_s": 0.0, "nodes": None}
+            speeds = None
             if auto.needs_link(codec, nbytes, channel.size, dtype, self.collective):
                 # every rank reaches this point alike (the decision's inputs were agreed)
-                if self.link_gbps is None:
-                    self.link_gbps = probed_link_gbps(channel)
-                cores, nodes = channel_budget(channel)[1], channel.topology()
-                latency = probed_latency(channel)
-            algorithm = auto.choose(codec, nbytes, channel.size, dtype, self.collective,
-                                    self.link_gbps, bool(self.segment_bytes), cores, latency)
-            if algorithm != "mpi" and nodes is not None and nodes.uniform \
-                    and 1 < len(nodes.node_sizes) < channel.size:
+                found = link.profile(channel, self.link_gbps)
+                if math.isfinite(found["link_gbps"]):  # the cost model will run: time the codec
+                    speeds = link.codec_speeds(channel, codec)
+            algorithm, self.reason, _ = auto.decide(
+                codec, nbytes, channel.size, dtype, self.collective, found["link_gbps"],
+                bool(self.segment_bytes), found["share"], found["latency_s"], speeds,
+                found.get("spread", 1.0))
+            nodes = found["nodes"]
+            if algorithm != "mpi" and nodes is not None and len(set(nodes)) == 1 \
+                    and 1 < len(nodes) < channel.size:
                 self.cross, algorithm = algorithm, "hierarchical"
         if algorithm == "hierarchical" and self.cross is None:
             self.cross = self.options.cross_algorithm or auto.fitting(codec)
         return algorithm
 
 
-def probed_latency(channel):
-    """The point-to-point latency of ``channel``'s communicator, measured once (collective)."""
-    if channel.probed_latency is None:  # its waits honour the call's timeout
-        channel.probed_latency = auto.probe_latency(channel.comm, wait=channel.wait_spinning)
-    return channel.probed_latency
-
-
 def probed_link_gbps(channel):
     """The link speed of ``channel``'s communicator, measured once (collective)."""
-    if channel.probed_link_gbps is None:  # its waits honour the call's timeout
-        channel.probed_link_gbps = auto.probe_link_gbps(channel.comm,
-                                                        wait=channel.wait_spinning)
-    return channel.probed_link_gbps
+    return link.profile(channel, "probe")["link_gbps"]
 
 
 def pieces(request, algorithm, size):
@@ -235,7 +232,8 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
     options : ccl.collectives.options.Options
     key : hashable, optional
     record : collections.Counter, optional
-        Counts the algorithm the call ran (``auto`` resolved).
+        Counts ``(algorithm, reason)`` of the call: the algorithm it ran
+        (``auto`` resolved) and why (:meth:`Request.resolve`).
     **overrides
         Per-call options (None keeps the default).
     """
@@ -257,7 +255,7 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
         threads = channel_budget(channel)[0]  # collective at a channel's first call
         algorithm = request.resolve(channel)
         if record is not None:
-            record[algorithm] += 1
+            record[algorithm, request.reason] += 1
         # MPI's own allreduce runs no kernel: it needs no thread budget (setting one costs
         # more than a small call's reduction)
         with budgeted(None if algorithm == "mpi" else threads):

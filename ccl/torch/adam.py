@@ -50,6 +50,7 @@ from ..codecs import get_codec
 from ..collectives import ALGORITHM_NAMES
 from ..collectives.auto import MIN_COMPRESS_BYTES
 from .buckets import named_params
+from .engine import decision_stats
 from .functions import to_numpy_tree, to_torch_tree
 from .momentum import MomentumReducer
 from .runtime import current
@@ -116,9 +117,10 @@ class CompressedAdam(torch.optim.Optimizer):
     algorithm : str
         Algorithm of the compressed allreduces (see
         :func:`ccl.compressed_allreduce`). ``"direct"`` and ``"ring"`` keep
-        residuals at the workers and at the owners (two-way). ``"auto"`` on
-        one node of several ranks runs ``hierarchical``, which is exact inside
-        a node.
+        residuals at the workers and at the owners (two-way). ``"auto"``
+        with every rank on one node sends float32 momenta uncompressed with
+        ``MPI_Allreduce`` (exact, nothing timed: see
+        :mod:`ccl.collectives.link`); name an algorithm to compress there.
     warmup_steps : int
         Exact AdamW steps before the variance is frozen, >= 1. 1-bit Adam
         recommends 15-25% of the training steps. Too short a warm-up leaves
@@ -472,11 +474,14 @@ class CompressedAdam(torch.optim.Optimizer):
             ``step``, ``warmup`` (whether the next step is a warm-up step),
             ``params`` and ``compressed_params`` (parameters whose momentum is
             compressed), ``buckets`` (their allreduces per step), ``reductions``
-            (allreduces started) and ``bytes_sent``
-            (payload bytes this rank put on the wire, ccl's own count).
+            (allreduces started), ``bytes_sent``
+            (payload bytes this rank put on the wire, ccl's own count), and what
+            ran and why: ``algorithms``, ``decisions`` and ``auto``
+            (``ccl.torch.engine.decision_stats``).
         """
         return {"step": self.steps, "warmup": self.steps < self.warmup_steps,
                 "params": len(self.params), "compressed_params": sum(self.compressed),
                 "buckets": len(self.buckets),
                 "reductions": self.reducer.engine.reductions,
-                "bytes_sent": self.communicator.stats()["bytes_sent"]}
+                "bytes_sent": self.communicator.stats()["bytes_sent"],
+                **decision_stats(self.communicator)}

@@ -12,7 +12,7 @@ import threading
 from ..api import Communicator
 from .runtime import threads_supported
 
-__all__ = ["Job", "Engine", "release"]
+__all__ = ["Job", "Engine", "release", "decision_stats"]
 
 
 class Job:
@@ -143,3 +143,24 @@ def release(handles, engine):
     for handle in handles:
         handle.remove()
     engine.retire()
+
+
+def decision_stats(communicator):
+    """What ran and why, for the ``communication_stats()`` of ``ccl.torch``'s objects.
+
+    Parameters
+    ----------
+    communicator : ccl.Communicator
+        The communicator their buckets are reduced with.
+
+    Returns
+    -------
+    dict
+        ``algorithms`` (``{algorithm: calls}``, ``auto`` resolved),
+        ``decisions`` (``{algorithm: {reason: calls}}``) and ``auto`` (the
+        link speed, latency, nodes and share of a core ``auto`` decided
+        from; None until a call needed them): see :meth:`ccl.Communicator.stats`.
+    """
+    stats = communicator.stats()
+    return {name: stats[name] for name in ("algorithms", "decisions", "auto")}
+

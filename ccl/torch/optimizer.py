@@ -28,6 +28,7 @@ import weakref
 from ..agreement import agree
 from ..collectives.auto import MIN_COMPRESS_BYTES
 from .buckets import Plan, plan_buckets  # plan_buckets: re-exported, public here
+from .engine import decision_stats
 from .reducer import Reducer
 from .runtime import current
 
@@ -239,8 +240,9 @@ class _DistributedMixin:
         -------
         dict
             ``buckets``, ``compressed_buckets``, ``bucket_bytes`` (list),
-            ``reductions`` and ``bytes_sent`` (payload bytes this rank put on
-            the wire, ccl's own count).
+            ``reductions``, ``bytes_sent`` (payload bytes this rank put on
+            the wire, ccl's own count), and what ran and why: ``algorithms``,
+            ``decisions`` and ``auto`` (``ccl.torch.engine.decision_stats``).
         """
         reducer = self._ccl
         return {"buckets": len(reducer.buckets),
@@ -248,7 +250,8 @@ class _DistributedMixin:
                 "bucket_bytes": [b.flat.numel() * b.flat.element_size()
                                  for b in reducer.buckets],
                 "reductions": reducer.engine.reductions,
-                "bytes_sent": reducer.engine.communicator.stats()["bytes_sent"]}
+                "bytes_sent": reducer.engine.communicator.stats()["bytes_sent"],
+                **decision_stats(reducer.engine.communicator)}
 
 
 _CLASSES = {}
