@@ -142,8 +142,9 @@ def test_one_node_decides_alike_whatever_a_probe_would_say(comm, monkeypatch):
     if not _one_node(comm):
         pytest.skip("the ranks are on several nodes")
     speeds = iter([0.05, 500.0, 0.05, 500.0])
-    monkeypatch.setattr(auto, "probe_link", lambda comm, rounds=None: (next(speeds), 1.0))
-    monkeypatch.setattr(auto, "probe_latency", lambda comm: 0.0)
+    monkeypatch.setattr(auto, "probe_link",
+                        lambda comm, rounds=None, wait=None: (next(speeds), 1.0))
+    monkeypatch.setattr(auto, "probe_latency", lambda comm, wait=None: 0.0)
     x = rank_input(comm.rank, 1 << 20)  # 4 MB per rank: compressed at a slow link
     reference = np.empty_like(x)
     comm.Allreduce(x, reference)
@@ -196,7 +197,8 @@ def test_across_nodes_the_link_is_measured_once_and_agreed(comm, monkeypatch):
     monkeypatch.setenv("CCL_LOCAL_SIZE", "1")  # every rank a node of its own
     calls = []
     probe = auto.probe_link
-    monkeypatch.setattr(auto, "probe_link", lambda comm: calls.append(1) or probe(comm))
+    monkeypatch.setattr(auto, "probe_link",
+                        lambda comm, wait=None: calls.append(1) or probe(comm, wait=wait))
     c = ccl.Communicator(comm, codec="onebit")
     x = rank_input(comm.rank, 1 << 18)
     for _ in range(3):
