@@ -98,3 +98,24 @@ def test_defaults_train_like_exact_adamw(hvd, comm):
             failures.append(f"{codec}: diverged at step {diverged}, accuracy {acc:.4f} "
                             f"against exact AdamW's {reference:.4f}, max |w| {largest:.3g}")
     assert not failures, "; ".join(failures)
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="serial test: runs once, in the serial pass")
+def test_benchmark_runs(tmp_path, capsys):
+    import json
+
+    from ccl.bench import adam_digits
+
+    path = tmp_path / "adam.json"
+    threads = torch.get_num_threads()
+    try:  # main() sets torch's thread count for the benchmark
+        assert adam_digits.main(["--seeds", "0", "--epochs", "1", "--batch", "128",
+                                 "--warmup", "5", "--codecs", "onebit", "no-such-codec",
+                                 "--json", str(path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    runs = json.loads(path.read_text())["runs"]
+    assert [r["method"] for r in runs] == ["adamw", "cadam/onebit"]
+    assert all(r["diverged_at"] is None and r["steps"] == 10 for r in runs)
+    out = capsys.readouterr().out
+    assert "cadam/onebit" in out and "'no-such-codec' skipped" in out
