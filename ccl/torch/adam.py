@@ -96,8 +96,9 @@ class CompressedAdam(torch.optim.Optimizer):
     A 1-bit-Adam-style optimizer: it communicates by itself (do not wrap it in
     :func:`~ccl.torch.DistributedOptimizer`). It averages over all ranks:
     during the first ``warmup_steps`` steps the gradients, uncompressed
-    (exact AdamW); then the momenta, compressed with ``codec`` and error
-    feedback, while the variance stays frozen. As in
+    (exact AdamW); then the momenta divided by the frozen denominator (the
+    steps' own scale, limited to exact Adam's bound), compressed with
+    ``codec`` and error feedback, while the variance stays frozen. As in
     ``DistributedOptimizer``, a bucket's reduction starts during backward,
     in a background thread, as soon as its gradients are final;
     :meth:`step` waits for them. See the module docstring
