@@ -4,9 +4,10 @@ Run on 4 ranks (any number works)::
 
     mpiexec -n 4 python -m mpi4py examples/compressed_adam.py
 
-The first ``warmup_steps`` steps are exact AdamW; after them each rank's
-momentum is averaged with 1-bit compression (error feedback at both ends)
-and the variance stays frozen. The reductions start during backward.
+The first ``warmup_steps`` steps are exact AdamW; after them the variance
+stays frozen and each rank's momentum, divided by the frozen denominator,
+is averaged with 1-bit compression (error feedback at both ends). The
+reductions start during backward.
 """
 
 import torch

@@ -110,6 +110,49 @@ def test_replicas_stay_identical(hvd, comm, codec):
     assert_same_on_all_ranks(comm, flat(opt.state[p]["exp_avg"] for p in model.parameters()))
 
 
+def _scaled_run(codec, scale, grow, warmup=5, steps=12, lr=0.01):
+    """A vector trained on set gradients ``scale * z`` (z ~ N(0.3, 1), per rank and step);
+    after the warm-up, the gradients of the coordinates where ``grow`` is set are
+    multiplied by 1000. Returns the parameter after each step."""
+    p = torch.nn.Parameter(torch.zeros(2048))
+    opt = ct.CompressedAdam([p], lr=lr, codec=codec, warmup_steps=warmup, **OPTIONS)
+    trajectory = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 * step + ct.rank())
+        z = torch.randn(2048, generator=g) + 0.3
+        p.grad = scale * z * torch.where(grow & (step >= warmup), 1000.0, 1.0)
+        opt.step()
+        trajectory.append(p.detach().clone())
+    return trajectory
+
+
+@pytest.mark.parametrize("codec", [None, "onebit", "3lc", "thc"])
+def test_no_step_larger_than_exact_adams(hvd, comm, codec):
+    # Adam's step does not depend on the scale of a coordinate's gradients. Here a
+    # quarter of the coordinates get gradients 1e-6 times smaller (a tiny variance,
+    # like an input pixel that is almost always 0) and an eighth gradients that grow
+    # 1000-fold once the variance is frozen (like a ReLU unit that comes back to life).
+    from ccl.torch.adam import step_bound
+
+    tiny = torch.arange(2048) < 512
+    grow = torch.arange(2048) >= 2048 - 256
+    scale = torch.where(tiny, 1e-6, 1.0)
+    lr = 0.01
+    runs = {name: _scaled_run(codec, s, grow, lr=lr)
+            for name, s in (("plain", torch.ones(2048)), ("scaled", scale))}
+    for name, trajectory in runs.items():
+        before = torch.zeros(2048)
+        for t, after in enumerate(trajectory, start=1):
+            # never more than exact Adam could move, whatever the codec did
+            largest = float((after - before).abs().max())
+            assert largest <= lr * step_bound(0.9, 0.999, t) * (1 + 1e-5), (name, t, largest)
+            before = after
+        assert_same_on_all_ranks(comm, trajectory[-1].numpy())
+    # the coordinates with tiny gradients travel about as far as with plain ones
+    moved = {name: float(tr[-1][tiny].abs().mean()) for name, tr in runs.items()}
+    assert 0.5 < moved["scaled"] / moved["plain"] < 2, moved
+
+
 def test_state_dict_resumes_bit_identically(hvd):
     model = make_model()
     opt = adam(model, codec="onebit", warmup_steps=2, lr_corrected=True)

@@ -11,22 +11,32 @@ avoid that by splitting training in two phases:
 1. **Warm-up** (``warmup_steps``): exact AdamW on gradients averaged
    uncompressed (the MPI library's ``Allreduce``). The variance settles.
 2. **Compressed phase**: the variance is frozen. Each rank folds its *local*
-   gradient into the momentum, ``m = beta1 m + (1 - beta1) g``, and the
-   momenta are averaged by a keyed :meth:`ccl.Communicator.allreduce`, with
-   error feedback at every lossy point of the algorithm (the worker and the
-   chunk's owner for ``direct`` and ``ring``: two-way, as in 1-bit Adam).
-   The averaged momentum replaces every rank's momentum. ccl's results are
-   bitwise identical on every rank, so the replicas stay identical.
+   gradient into the momentum, ``m = beta1 m + (1 - beta1) g``, and sends
+   ``m / d`` (``d`` below), averaged by a keyed
+   :meth:`ccl.Communicator.allreduce` with error feedback at every lossy
+   point (the worker and the chunk's owner for ``direct`` and ``ring``:
+   two-way, as in 1-bit Adam). The average times ``d`` replaces every
+   rank's momentum; ccl's results are bitwise identical on every rank, so
+   the replicas stay identical.
 
 The update of both phases is AdamW's, with decoupled weight decay::
 
-    p <- p (1 - lr wd) - lr / (1 - beta1^t) * m / (sqrt(v / (1 - beta2^s)) + eps)
+    p <- p (1 - lr wd) - lr / (1 - beta1^t) * m / d,   d = sqrt(v / (1 - beta2^s)) + eps
 
 where ``t`` is the step and ``s = min(t, warmup_steps)``: the bias
 correction of the frozen variance stays the one of the step it was frozen
-at. Coordinates whose frozen variance is zero (they got no gradient in the
-whole warm-up, e.g. embedding rows of tokens not seen yet) keep a zero
-momentum: without a variance estimate their step would be ``m / eps``.
+at. ``d`` is the same on every rank, so averaging ``m / d`` is averaging
+``m``, but a codec's error (of the order of a chunk's scale) becomes one of
+the steps' scale: compressing ``m``, coordinates with a tiny frozen
+variance (a pixel almost always 0, a ReLU unit dead in the warm-up) took
+steps of ``lr * scale / d`` and a ReLU MLP diverged. As a frozen variance
+stops tracking, the step also keeps exact Adam's bound
+(:func:`~ccl.torch.momentum.step_bound`, for any gradients): each rank's
+``m / d`` is limited to ``B_t (1 - beta1^t)`` before it is sent and the
+mean after decoding, in effect raising the frozen variance to the least
+exact Adam could have with that momentum. Where the frozen variance is
+zero (no gradient in the whole warm-up, e.g. embedding rows of tokens not
+seen yet) ranks send zero and the momentum stays zero.
 Parameters smaller than ``min_compress_bytes`` are averaged uncompressed
 in both phases (fused into one ``Allreduce`` per dtype). The compressed
 momenta are fused too, as 1-bit Adam does, into buckets of consecutive
@@ -52,7 +62,7 @@ from ..collectives.auto import MIN_COMPRESS_BYTES
 from .buckets import named_params
 from .engine import decision_stats
 from .functions import to_numpy_tree, to_torch_tree
-from .momentum import MomentumReducer
+from .momentum import MomentumReducer, preconditioner, step_bound
 from .runtime import current
 
 __all__ = ["CompressedAdam"]
@@ -87,8 +97,9 @@ class CompressedAdam(torch.optim.Optimizer):
     A 1-bit-Adam-style optimizer: it communicates by itself (do not wrap it in
     :func:`~ccl.torch.DistributedOptimizer`). It averages over all ranks:
     during the first ``warmup_steps`` steps the gradients, uncompressed
-    (exact AdamW); then the momenta, compressed with ``codec`` and error
-    feedback, while the variance stays frozen. As in
+    (exact AdamW); then the momenta divided by the frozen denominator (the
+    steps' own scale, limited to exact Adam's bound), compressed with
+    ``codec`` and error feedback, while the variance stays frozen. As in
     ``DistributedOptimizer``, a bucket's reduction starts during backward,
     in a background thread, as soon as its gradients are final;
     :meth:`step` waits for them. See the module docstring
@@ -123,10 +134,9 @@ class CompressedAdam(torch.optim.Optimizer):
         :mod:`ccl.collectives.link`); name an algorithm to compress there.
     warmup_steps : int
         Exact AdamW steps before the variance is frozen, >= 1. 1-bit Adam
-        recommends 15-25% of the training steps. Too short a warm-up leaves
-        a rough variance: coordinates with a tiny one then take huge steps
-        once the codec gives their momentum its chunk's scale (one warm-up
-        step diverged on the benchmark's model).
+        recommends 15-25% of the training steps. A short warm-up does not
+        diverge (the steps keep exact Adam's bound) but freezes a rougher
+        variance.
     lr_corrected : bool
         Learning-rate-corrected error feedback: residuals are scaled by
         eta(t-1)/eta(t) when a group's ``lr`` changes (see
@@ -326,7 +336,13 @@ class CompressedAdam(torch.optim.Optimizer):
             grad = grad.to_dense()  # would leave the others in the allreduce
         if self.in_warmup():
             return grad
-        return state["exp_avg"].lerp_(grad, 1 - self.group_of(p)["betas"][0])
+        group, t = self.group_of(p), self.steps + 1
+        (beta1, beta2), v = group["betas"], state["exp_avg_sq"]
+        m = state["exp_avg"].lerp_(grad, 1 - beta1)
+        # sent: the step's own scale m / d, within exact Adam's bound (module docstring)
+        limit = step_bound(beta1, beta2, t) * (1 - beta1 ** t)
+        d = preconditioner(v, beta2, self.warmup_steps, group["eps"])
+        return torch.div(m, d, out=d).clamp_(-limit, limit)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -362,11 +378,11 @@ class CompressedAdam(torch.optim.Optimizer):
             if warm:  # exact AdamW on the averaged gradient
                 m.lerp_(mean, 1 - beta1)
                 v.mul_(beta2).addcmul_(mean, mean, value=1 - beta2)
-            else:
-                m.copy_(mean)
-                # No variance estimate (no gradient in the whole warm-up): m / eps would be
-                # a huge step, and a codec's scale makes such coordinates' momenta nonzero.
-                m.masked_fill_(v == 0, 0)
+            else:  # the mean of m / d (see fold) within exact Adam's bound, 0 where v is 0
+                limit = step_bound(beta1, beta2, t) * (1 - beta1 ** t)
+                mean.masked_fill_(v == 0, 0).clamp_(-limit, limit)
+                d = preconditioner(v, beta2, frozen, group["eps"])
+                m.copy_(mean).mul_(d).masked_fill_(v == 0, 0)
             # AdamW's order of operations (torch's single-tensor path)
             p.mul_(1 - lr * group["weight_decay"])
             denom = (v.sqrt() / (1 - beta2 ** frozen) ** 0.5).add_(group["eps"])

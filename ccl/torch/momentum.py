@@ -3,7 +3,9 @@
 A ``post_accumulate_grad`` hook per parameter hands the parameter's final
 gradient of this step (after ``backward_passes_per_step`` backward passes) to
 the optimizer, which folds it into what the parameter sends: the gradient
-itself during the warm-up, the rank's local momentum after it. That goes into
+itself during the warm-up, after it the rank's local momentum divided by the
+frozen denominator (:func:`preconditioner`) and limited to exact Adam's
+bound (:func:`step_bound`; why: :mod:`ccl.torch.adam`). That goes into
 the parameter's bucket's flat buffer. A complete bucket is handed to the
 :class:`~ccl.torch.engine.Engine` as soon as every bucket before it in launch
 order has been, so the reductions of the last layers run while backward is
@@ -17,6 +19,7 @@ starts what backward did not (parameters without a gradient send zeros) and
 waits for every bucket.
 """
 
+import math
 import threading
 import weakref
 
@@ -26,7 +29,71 @@ from .engine import Engine, Job, release
 from .functions import from_array, to_array
 from .hooks import BucketHooks
 
-__all__ = ["MomentumReducer"]
+__all__ = ["MomentumReducer", "preconditioner", "step_bound"]
+
+
+def step_bound(beta1, beta2, t):
+    """The largest ``|m_hat / sqrt(v_hat)|`` exact Adam can reach at step ``t``, any gradients.
+
+    With ``m_t = (1 - beta1) sum_k beta1^k g_(t-k)`` and ``v_t = (1 - beta2)
+    sum_k beta2^k g_(t-k)^2`` (``k < t``), the Cauchy-Schwarz inequality with
+    the weights ``beta2^k`` gives ``m_t^2 <= (1 - beta1)^2 / (1 - beta2)
+    sum_k (beta1^2 / beta2)^k v_t``, an equality for some gradients. After
+    bias correction::
+
+        B_t = (1 - beta1) / (1 - beta1^t)
+              * sqrt((1 - beta2^t) sum_(k<t) (beta1^2 / beta2)^k / (1 - beta2))
+
+    ``B_1 = 1`` (Adam's first step is ``lr`` per coordinate); with the
+    default betas (0.9, 0.999) ``B_t`` rises to about 7.3.
+
+    Parameters
+    ----------
+    beta1, beta2 : float
+        The betas, in [0, 1).
+    t : int
+        The step, >= 1.
+
+    Returns
+    -------
+    float
+    """
+    rho = beta1 * beta1 / beta2 if beta2 > 0 else (0.0 if beta1 == 0 else float("inf"))
+    if rho == 0:
+        weights = 1.0
+    elif rho == 1:
+        weights = float(t)
+    elif rho > 1 and t * math.log(rho) > 700:  # beta1^2 > beta2, a late step: no bound
+        return float("inf")
+    else:
+        weights = (1 - rho ** t) / (1 - rho)
+    return (1 - beta1) / (1 - beta1 ** t) * math.sqrt((1 - beta2 ** t) * weights / (1 - beta2))
+
+
+def preconditioner(v, beta2, frozen, eps):
+    """The denominator ``d = sqrt(v / (1 - beta2^frozen)) + eps`` of a frozen variance ``v``.
+
+    Coordinates whose variance is zero get ``inf``: their preconditioned
+    momentum ``m / d`` is zero, whatever their momentum.
+
+    Parameters
+    ----------
+    v : torch.Tensor
+        The variance (``exp_avg_sq``), frozen at step ``frozen``.
+    beta2 : float
+        Its decay rate.
+    frozen : int
+        The step it was frozen at, >= 1.
+    eps : float
+        Added to the root.
+
+    Returns
+    -------
+    torch.Tensor
+        A new tensor shaped like ``v``.
+    """
+    denom = (v.sqrt() / (1 - beta2 ** frozen) ** 0.5).add_(eps)
+    return denom.masked_fill_(v == 0, float("inf"))
 
 
 class _Bucket:
