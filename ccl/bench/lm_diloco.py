@@ -10,6 +10,9 @@ with error feedback, SparseLoCo-style). Evaluations use the global weights
 still in flight are applied after the last inner step, before the final
 evaluation. Compressed rows use the algorithm that fits the codec
 (:func:`ccl.collectives.auto.fitting`), ``none`` the ring.
+
+``python -m ccl.bench.lm_summary lm.json`` compares the rows on the loss
+every one of them reaches (:mod:`ccl.bench.lm_summary`).
 """
 
 from ccl.codecs import get_codec
@@ -96,3 +99,4 @@ def run_diloco(comm, data, args, make_model, train):
     finally:
         ct.shutdown()
     return rows
+
