@@ -45,7 +45,7 @@ def summary(rows):
             f"{ratio(r['final_val_loss'], exact and exact['final_val_loss']):>14} "
             f"{ratio(r['final_val_loss'], by.get('adamw', {}).get('final_val_loss')):>8} "
             f"{'-' if sent is None else f'{sent / 1e6:.2f}':>8} "
-            f"{ratio(adamw, r['bytes_per_step'], '{:.0f}x'):>11} "
+            f"{ratio(adamw, r['bytes_per_step'], '{:.1f}x'):>11} "
             f"{'-' if reach[m] is None else f'{reach[m]:.1f}':>11} "
             f"{ratio(reach[m], reach.get('ddp/adamw'), '{:.2f}x'):>12} "
             f"{ratio(reach[m], reach.get('cadam/thc'), '{:.2f}x'):>12}")

@@ -56,7 +56,7 @@ _DTYPES = (torch.float32, torch.float64)
 
 def _number(name, value, low, high=float("inf")):
     if not (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and low <= value <= high):
+            and low <= value <= high and value != float("inf")):
         raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
 
 
@@ -104,8 +104,8 @@ class _Sync:
     __slots__ = ("fragment", "start", "due", "buckets")
 
     def __init__(self, fragment, start, due, buckets):
-        self.fragment, self.start, self.due = fragment, start, due
-        self.buckets = buckets  # [(members, sent flat tensor, Job)]
+        # buckets: [(members, sent flat tensor, Job)]
+        self.fragment, self.start, self.due, self.buckets = fragment, start, due, buckets
 
 
 class DiLoCo:
@@ -219,8 +219,8 @@ class DiLoCo:
         _integer("sync_every", sync_every, 1)
         _number("outer_lr", outer_lr, 0.0)
         _number("outer_momentum", outer_momentum, 0.0, 1.0)
-        if outer_momentum == 1.0:
-            raise ValueError("outer_momentum must be < 1, got 1.0")
+        if outer_momentum == 1:
+            raise ValueError("outer_momentum must be < 1, got 1")
         if not isinstance(nesterov, bool):
             raise TypeError(f"nesterov must be True or False, got {nesterov!r}")
         if algorithm not in ALGORITHM_NAMES:
@@ -229,7 +229,9 @@ class DiLoCo:
         _integer("min_compress_bytes", min_compress, 0)
         _integer("fusion_threshold_bytes", threshold, 0)
         self.codec = get_codec(codec)
-        named = list(model.named_parameters() if named_parameters is None
+        if named_parameters is None:
+            named_parameters = model.named_parameters()
+        named = list(named_parameters.items() if isinstance(named_parameters, dict)
                      else named_parameters)
         named = [(n, p) for n, p in named if p.requires_grad]
         if len({id(p) for _, p in named}) != len(named) or len(dict(named)) != len(named):
@@ -338,10 +340,9 @@ class DiLoCo:
             for _, _, job in sync.buckets:
                 self.engine.wait(job)
             error = next((job.error for _, _, job in sync.buckets if job.error), None)
-            if error is not None:  # every rank's allreduce raised: nothing applied
-                self.pending.pop(0)
-                raise error
             self.pending.pop(0)
+            if error is not None:  # every rank's allreduce raised: nothing applied
+                raise error
             for members, sent, job in sync.buckets:
                 self._outer_step(members, sent, from_array(job.result, like=sent))
             self.outer_steps += 1
