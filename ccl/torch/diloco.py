@@ -25,7 +25,7 @@ from 1), so each parameter is synchronised exactly once per ``H`` steps and a
 sync sends 1/F of the model.
 
 **Overlap.** With a delay ``d > 0`` a fragment's allreduce runs in the
-background thread of :class:`~ccl.torch.engine.Engine` while the next ``d``
+background thread of ``ccl.torch``'s engine while the next ``d``
 inner steps go on; its outer step is applied after inner step ``t0 + d``
 (waiting there if the allreduce is not done yet: the delay is fixed, so every
 rank applies it at the same step). The ``d`` local steps taken meanwhile are
