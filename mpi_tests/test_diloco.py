@@ -60,10 +60,11 @@ def global_flat(opt):
     return flat([g for _, g in opt.global_parameters()])
 
 
-def train(model, opt, rank, steps, start=0, schedule=None, on_step=None):
+def train(model, opt, rank, steps, start=0, schedule=None, on_step=None, passes=1):
     for step in range(start, start + steps):
         opt.zero_grad()
-        loss_of(model, rank, step).backward()
+        for k in range(passes):  # gradient accumulation: passes backward() per step()
+            loss_of(model, rank, 100 * k + step).backward()
         opt.step()
         if schedule is not None:
             schedule.step()
@@ -71,7 +72,8 @@ def train(model, opt, rank, steps, start=0, schedule=None, on_step=None):
             on_step(step + 1)
 
 
-def reference_diloco(comm, model, inner, schedule, rank, steps, H, F, delay, lr, mu, nesterov):
+def reference_diloco(comm, model, inner, schedule, rank, steps, H, F, delay, lr, mu, nesterov,
+                     passes=1):
     """DiLoCo in plain torch, the average by MPI_Allreduce in float64; returns global weights."""
     params = list(model.parameters())
     groups = split_fragments([p.numel() for p in params], F)
@@ -81,7 +83,8 @@ def reference_diloco(comm, model, inner, schedule, rank, steps, H, F, delay, lr,
     pending = []
     for t in range(1, steps + 1):
         inner.zero_grad()
-        loss_of(model, rank, t - 1).backward()
+        for k in range(passes):
+            loss_of(model, rank, 100 * k + t - 1).backward()
         inner.step()
         if schedule is not None:
             schedule.step()
@@ -110,21 +113,21 @@ def reference_diloco(comm, model, inner, schedule, rank, steps, H, F, delay, lr,
     return glob
 
 
-@pytest.mark.parametrize("inner_kind, nesterov, fragments, delay", [
-    ("adamw", True, 1, 0), ("adamw", False, 2, 0), ("sgd", True, 3, 0), ("adamw", True, 2, 1),
-    ("sgd", True, 1, 2)])
+@pytest.mark.parametrize("inner_kind, nesterov, fragments, delay, passes", [
+    ("adamw", True, 1, 0, 1), ("adamw", False, 2, 0, 1), ("sgd", True, 3, 0, 1),
+    ("adamw", True, 2, 1, 1), ("sgd", True, 1, 2, 1), ("adamw", True, 1, 1, 3)])
 def test_uncompressed_equals_reference_diloco(hvd, comm, inner_kind, nesterov, fragments,
-                                              delay):
+                                              delay, passes):
     H, steps, rank = 3, 10, hvd.rank()
     model, reference = make_model(), make_model()
     inner, schedule = inner_of(model, inner_kind)
     opt = ct.DiLoCo(model, inner, sync_every=H, outer_lr=0.7, outer_momentum=0.9,
                     nesterov=nesterov, codec=None, fragments=fragments, overlap=delay,
                     algorithm="direct")
-    train(model, opt, rank, steps, schedule=schedule)
+    train(model, opt, rank, steps, schedule=schedule, passes=passes)
     ref_inner, ref_schedule = inner_of(reference, inner_kind)
     glob = reference_diloco(comm, reference, ref_inner, ref_schedule, rank, steps, H,
-                            fragments, delay, 0.7, 0.9, nesterov)
+                            fragments, delay, 0.7, 0.9, nesterov, passes)
     stats = opt.communication_stats()
     assert stats["step"] == steps and stats["fragments"] == fragments
     assert stats["outer_steps"] > 0
