@@ -201,6 +201,26 @@ def test_lm_runs_every_method_on_stdlib_text(tmp_path):
     assert rows["adamw"]["bytes_per_step"] == 0 and png.stat().st_size > 0
 
 
+@serial
+def test_lm_diloco_rows(tmp_path):
+    _needs_torch()
+    from ccl.bench import lm
+
+    path = tmp_path / "lm.json"
+    assert lm.main(["--steps", "6", "--eval-every", "3", "--val-windows", "8",
+                    "--text-bytes", "40000", "--d-model", "16", "--methods", "adamw", "diloco",
+                    "--diloco-codecs", "none", "topk", "--sync-every", "3", "--overlap", "1",
+                    "--outer-momentum", "0.5", "--json", str(path)]) == 0
+    rows = {r["method"]: r for r in json.loads(path.read_text())["rows"]}
+    assert list(rows) == ["adamw", "diloco/none", "diloco/topk"]
+    for name in ("diloco/none", "diloco/topk"):
+        curve = rows[name]["curve"]
+        assert curve["step"] == [0, 3, 6]
+        # evaluated on the global weights: the first outer step lands after step 4
+        assert curve["val_loss"][1] == curve["val_loss"][0]
+        assert curve["val_loss"][2] < curve["val_loss"][0]
+
+
 def test_lm_time_to_a_loss_interpolates_between_evaluations():
     from ccl.bench.lm import seconds_to
 

@@ -37,7 +37,7 @@ ALWAYS = {
 WITH_EXAMPLE = ALWAYS | {"EX01"}
 
 TORCH_MODULES = ["ccl.torch.runtime", "ccl.torch.functions", "ccl.torch.buckets", "ccl.torch.ddp",
-                 "ccl.torch.optimizer", "ccl.torch.adam"]
+                 "ccl.torch.optimizer", "ccl.torch.adam", "ccl.torch.diloco"]
 DOCTEST_MODULES = [
     "ccl", "ccl.api", "ccl.errors", "ccl.feedback", "ccl.launch",
     "ccl.codecs.base", "ccl.codecs.configurable", "ccl.codecs.framing", "ccl.codecs.header",

@@ -117,3 +117,17 @@ def test_emulated_cluster_example():
     assert "fp16 ring allreduce on 4 ranks" in result.stdout
     sent = int(re.search(r"^0 (\d+) bytes sent by host 0$", result.stdout, re.M).group(1))
     assert sent > 0
+
+
+@serial
+def test_diloco_example():
+    pytest.importorskip("torch")
+    out = run_example("diloco.py")
+    losses = [float(x) for x in re.findall(r"^step \d+ loss (\S+)$", out, re.MULTILINE)]
+    assert len(losses) == 5, out
+    assert losses[-1] < losses[0] / 4  # the outer steps on compressed averages train it
+    match = re.search(r"(\d+) ranks, 100 inner steps, (\d+) fragment syncs: global weights "
+                      r"identical, (\d+) bytes sent by rank 0", out)
+    assert match, out
+    assert int(match.group(1)) == RANKS and int(match.group(2)) == 20
+    assert int(match.group(3)) > 0

@@ -23,7 +23,11 @@ in the same run:
   variance frozen);
 - ``ddp/adamw``, ``ddp/powersgd``: ``DistributedDataParallel`` (gloo) with
   AdamW, with no communication hook and with PowerSGD's (rank
-  ``--powersgd-rank``, uncompressed for the first ``--warmup`` steps).
+  ``--powersgd-rank``, uncompressed for the first ``--warmup`` steps);
+- ``diloco/<codec>`` (only with ``--methods ... diloco``):
+  :class:`ccl.torch.DiLoCo` with AdamW inside, an outer step every
+  ``--sync-every`` steps on pseudo-gradients averaged with that codec
+  (:mod:`ccl.bench.lm_diloco`).
 
 Compressed methods use the algorithm that fits each codec
 (:func:`ccl.collectives.auto.fitting`). Reported per method: validation loss
@@ -55,6 +59,8 @@ import ccl
 from ccl.codecs import get_codec, registered_codecs
 from ccl.collectives.auto import fitting
 
+from .lm_diloco import add_arguments as add_diloco_arguments
+from .lm_diloco import run_diloco
 from .train_methods import set_torch_threads
 
 METHODS = ("adamw", "do", "cadam", "ddp")
@@ -361,7 +367,8 @@ def plot(rows, path, title):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m ccl.bench.lm",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS),
+                        choices=METHODS + ("diloco",))
     parser.add_argument("--codecs", nargs="+", default=list(DEFAULT_CODECS),
                         help="codec ids of do/ and cadam/; unregistered ids are skipped")
     parser.add_argument("--steps", type=int, default=300)
@@ -386,6 +393,7 @@ def main(argv=None):
                              "parameter; default: its default)")
     parser.add_argument("--powersgd-rank", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    add_diloco_arguments(parser)
     parser.add_argument("--json", help="write the rows (with their curves) here")
     parser.add_argument("--plot", help="write a PNG of the curves and bytes here")
     args = parser.parse_args(argv)
@@ -412,6 +420,8 @@ def main(argv=None):
     rows = run_ccl(comm, args.methods, specs, data, args)
     if "ddp" in args.methods:
         rows += run_ddp(comm, data, args)
+    if "diloco" in args.methods:
+        rows += run_diloco(comm, data, args, make_model, train)
     add_time_to_target(rows)
     if comm.rank == 0:
         print(table(rows))

@@ -1,4 +1,4 @@
-"""ccl for PyTorch: a Horovod-style optimizer wrapper, a compressed Adam and broadcasts.
+"""ccl for PyTorch: a Horovod-style optimizer wrapper, a compressed Adam, DiLoCo, broadcasts.
 
 >>> import torch, ccl.torch as ct                       # doctest: +SKIP
 >>> ct.init()                                           # doctest: +SKIP
@@ -18,6 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       "machines pin a CPU build, e.g. pip install torch==2.13.0)") from exc
 
 from .adam import CompressedAdam
+from .diloco import DiLoCo
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
 from .ddp import ddp_comm_hook
@@ -29,7 +30,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "threads_supported",
     "DistributedOptimizer", "DEFAULT_FUSION_THRESHOLD_BYTES", "CompressedAdam",
-    "ddp_comm_hook",
+    "DiLoCo", "ddp_comm_hook",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
     "allgather_object",
 ]
