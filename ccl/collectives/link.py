@@ -137,7 +137,7 @@ def profile(channel, given=None):
         The link speed the call was given (``link_gbps=``, else
         ``CCL_LINK_GBPS``); agreed by every rank. A call's ``"probe"`` is
         the same as None (equal in the agreement); ``"probe"`` passed here
-        directly (:func:`ccl.collectives.plan.probed_link_gbps`, the
+        directly (``ccl.collectives.plan.probed_link_gbps``, the
         benchmarks) measures also on one node.
 
     Returns
