@@ -12,6 +12,7 @@ import collections
 from . import collectives, config
 from .arguments import array_first, by_look, world_or
 from .collectives import Options
+from .codecs import get_codec
 from .collectives.auto import MIN_COMPRESS_BYTES
 from .feedback import ErrorFeedback
 from .transport import channel as _channel
@@ -103,7 +104,7 @@ class Communicator:
             raise TypeError(f"lr_corrected must be True or False, got {lr_corrected!r}")
         self.lr_corrected = lr_corrected
         self.feedback = ErrorFeedback()
-        self._calls = self._bytes_sent = 0
+        self._calls = self._bytes_sent = self._bytes_plain = 0
         self._algorithms = collections.Counter()
 
     @property
@@ -123,7 +124,11 @@ class Communicator:
         -------
         dict
             ``calls`` (collectives run), ``bytes_sent`` (payload bytes this
-            rank put on the wire for them, ccl's own count), ``algorithms``
+            rank put on the wire for them, ccl's own count), split into
+            ``bytes_compressed`` (payloads of a compressing codec) and
+            ``bytes_plain`` (sent uncompressed: the MPI library's own
+            collectives, counted as a ring moves them, and identity codecs'
+            payloads), ``algorithms``
             (how many calls ran each algorithm, ``auto`` resolved),
             ``decisions`` (``{algorithm: {reason: calls}}``, reasons from
             :data:`ccl.collectives.auto.REASONS`, ``"given"`` for a named
@@ -147,6 +152,8 @@ class Communicator:
         link = self.options.link_gbps
         link = config.read_or_none("CCL_LINK_GBPS") if link is None else link  # as the calls
         return {"calls": self._calls, "bytes_sent": self._bytes_sent,
+                "bytes_compressed": self._bytes_sent - self._bytes_plain,
+                "bytes_plain": self._bytes_plain,
                 **collectives.link.decision_stats(self._channel, self._algorithms, link)}
 
     def set_lr(self, lr):
@@ -173,13 +180,20 @@ class Communicator:
             self.feedback.lr = lr
 
     def _call(self, collective, x, key, **overrides):
-        before = self._channel.bytes_sent
+        channel = self._channel
+        before, plain_before = channel.bytes_sent, channel.plain_bytes_sent
         try:
-            return collectives.run(self._channel, self.feedback, collective, x, self.options,
+            return collectives.run(channel, self.feedback, collective, x, self.options,
                                    key, record=self._algorithms, **overrides)
         finally:
             self._calls += 1
-            self._bytes_sent += self._channel.bytes_sent - before
+            sent = channel.bytes_sent - before
+            self._bytes_sent += sent
+            codec = overrides.get("codec")
+            codec = self.codec if codec is None else get_codec(codec)
+            # an identity codec's payloads are the values themselves: sent plain as well
+            self._bytes_plain += sent if codec.identity else \
+                channel.plain_bytes_sent - plain_before
 
     @array_first(1, by_look(_CALL_ORDER), "c.allreduce(x", method=True)
     def allreduce(self, x, *, key=None, op=None, algorithm=None, check_finite=None, codec=None,

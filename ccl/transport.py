@@ -53,6 +53,9 @@ class Channel(Waiting):
         rank because every rank calls collectives in the same order).
     bytes_sent : int
         Payload bytes this rank put on the wire (see each method).
+    plain_bytes_sent : int
+        The part of ``bytes_sent`` the MPI library's own (uncompressed)
+        collectives sent.
     probed_link_gbps : float or None
         The link speed measured for ``auto`` (None until it is measured).
     probed_latency : float or None
@@ -78,7 +81,7 @@ class Channel(Waiting):
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.calls = 0
-        self.bytes_sent = 0
+        self.bytes_sent = self.plain_bytes_sent = 0
         self.probed_link_gbps = self.probed_spread = None  # measured once, when auto needs it
         self.probed_latency = None  # seconds per step of messages, likewise
         self.cores_share = None  # auto's share of cores, likewise
@@ -262,10 +265,14 @@ class Channel(Waiting):
         self.wait(self.comm.Ibcast([buf, _BYTE], root), f"the payload from {self.who(root)}")
         return payload if self.rank == root else self._landed(buf)
 
+    def _sent_plain(self, nbytes):
+        self.bytes_sent += nbytes
+        self.plain_bytes_sent += nbytes
+
     def allreduce_sum(self, x):
         """The MPI library's own ``Allreduce(SUM)`` of a float32/float64 array."""
         # counted as a ring allreduce: 2 (p-1)/p of the array
-        self.bytes_sent += 2 * (self.size - 1) * x.nbytes // self.size
+        self._sent_plain(2 * (self.size - 1) * x.nbytes // self.size)
 
         def run(a, xp):
             out = xp.empty_like(a)
@@ -276,7 +283,7 @@ class Channel(Waiting):
     def reduce_scatter_sum(self, x, bounds):
         """The MPI library's own ``Reduce_scatter(SUM)``: this rank's block ``bounds[r]:bounds[r+1]``."""
         counts = [int(b - a) for a, b in zip(bounds[:-1], bounds[1:])]
-        self.bytes_sent += (self.size - 1) * x.nbytes // self.size  # as a ring
+        self._sent_plain((self.size - 1) * x.nbytes // self.size)  # as a ring
 
         def run(a, xp):
             out = xp.empty(counts[self.rank], dtype=a.dtype)
@@ -288,7 +295,7 @@ class Channel(Waiting):
     def allgather_blocks(self, block, bounds):
         """The MPI library's own ``Allgatherv`` of every rank's block ``bounds[r]:bounds[r+1]``."""
         counts = [int(b - a) for a, b in zip(bounds[:-1], bounds[1:])]
-        self.bytes_sent += (int(bounds[-1]) - block.size) * block.itemsize  # as a ring
+        self._sent_plain((int(bounds[-1]) - block.size) * block.itemsize)  # as a ring
 
         def run(a, xp):
             out = xp.empty(int(bounds[-1]), dtype=a.dtype)

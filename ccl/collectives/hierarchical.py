@@ -61,11 +61,14 @@ def allreduce(call, x):
     for channel in (local, cross):
         channel.use_backend(call.channel.backend)
     sent_before = local.bytes_sent + cross.bytes_sent
+    plain_before = local.plain_bytes_sent + cross.plain_bytes_sent
     try:
         return _three_steps(call, x, local, cross, bounds, start)
     finally:
         # what this rank sent inside its node and across is the call's traffic
         call.channel.bytes_sent += local.bytes_sent + cross.bytes_sent - sent_before
+        call.channel.plain_bytes_sent += (local.plain_bytes_sent + cross.plain_bytes_sent
+                                          - plain_before)
 
 
 def _three_steps(call, x, local, cross, bounds, start):

@@ -156,11 +156,15 @@ def decision_stats(communicator):
     Returns
     -------
     dict
-        ``algorithms`` (``{algorithm: calls}``, ``auto`` resolved),
-        ``decisions`` (``{algorithm: {reason: calls}}``) and ``auto`` (the
-        link speed, latency, nodes and share of a core ``auto`` decided
-        from; None until a call needed them): see :meth:`ccl.Communicator.stats`.
+        ``bytes_compressed`` and ``bytes_plain`` (what this rank sent
+        compressed, and uncompressed: ``auto`` keeps buckets plain where
+        compressing would not pay), ``algorithms`` (``{algorithm: calls}``,
+        ``auto`` resolved), ``decisions`` (``{algorithm: {reason: calls}}``)
+        and ``auto`` (the link speed, latency, nodes and share of a core
+        ``auto`` decided from; None until a call needed them): see
+        :meth:`ccl.Communicator.stats`.
     """
     stats = communicator.stats()
-    return {name: stats[name] for name in ("algorithms", "decisions", "auto")}
+    return {name: stats[name] for name in ("bytes_compressed", "bytes_plain", "algorithms",
+                                           "decisions", "auto")}
 

@@ -239,9 +239,12 @@ class _DistributedMixin:
         Returns
         -------
         dict
-            ``buckets``, ``compressed_buckets``, ``bucket_bytes`` (list),
-            ``reductions``, ``bytes_sent`` (payload bytes this rank put on
-            the wire, ccl's own count), and what ran and why: ``algorithms``,
+            ``buckets``, ``compressed_buckets`` (buckets given the codec:
+            ``auto`` may still send them plain where compressing does not
+            pay), ``bucket_bytes`` (list), ``reductions``, ``bytes_sent``
+            (payload bytes this rank put on the wire, ccl's own count), and
+            what was sent compressed and plain, what ran and why:
+            ``bytes_compressed``, ``bytes_plain``, ``algorithms``,
             ``decisions`` and ``auto`` (``ccl.torch.engine.decision_stats``).
         """
         reducer = self._ccl
