@@ -50,8 +50,9 @@ from ..codecs import get_codec
 from ..collectives import ALGORITHM_NAMES
 from ..collectives.auto import MIN_COMPRESS_BYTES
 from .buckets import named_params
-from .functions import to_numpy_tree, to_torch_tree
+from .functions import load_steps, to_numpy_tree, to_torch_tree
 from .momentum import MomentumReducer
+from .stepcontrol import StepControl
 from .runtime import current
 
 __all__ = ["CompressedAdam"]
@@ -80,7 +81,7 @@ def _check_group(group):
     _check_number("weight_decay", group["weight_decay"], 0.0)
 
 
-class CompressedAdam(torch.optim.Optimizer):
+class CompressedAdam(StepControl, torch.optim.Optimizer):
     """AdamW that averages its momentum compressed after a warm-up, variance frozen (collective).
 
     A 1-bit-Adam-style optimizer: it communicates by itself (do not wrap it in
@@ -139,6 +140,12 @@ class CompressedAdam(torch.optim.Optimizer):
         Backward passes whose gradients accumulate locally before each
         :meth:`step` (gradient accumulation), >= 1. A bucket's reduction
         starts inside the last of them, once its gradients are final.
+    grad_scaler : torch.amp.GradScaler, optional
+        The scaler of mixed-precision training (``scaler.scale(loss).backward()``,
+        ``scaler.step(optimizer)``, ``scaler.update()``): gradients are divided
+        by its scale before they are folded in, and a step whose gradients
+        hold NaN or Inf on any rank is dropped on every rank (each rank's
+        scaler then lowers its scale alike). ``GradScaler("cpu")`` works.
 
     Raises
     ------
@@ -151,14 +158,17 @@ class CompressedAdam(torch.optim.Optimizer):
 
     Notes
     -----
-    Every rank must call :meth:`step` the same number of times. A parameter
-    without a gradient on a rank contributes zeros there (unlike
-    ``torch.optim.AdamW``, which skips it): all ranks take part in every
-    allreduce. :meth:`state_dict` holds the moments, the step and this
-    rank's residuals; loading it at another world size raises. Call
+    Every rank must call :meth:`step` (or :meth:`skip_step`) the same
+    number of times (:class:`ccl.MismatchError` names the ranks that do
+    not). A parameter without a gradient contributes zeros; one without a
+    gradient on every rank (frozen) is skipped, as in ``torch.optim.AdamW``.
+    Changing gradients between ``backward()`` and :meth:`step` (clipping,
+    ``unscale_``) raises ``RuntimeError`` (see :mod:`ccl.torch.stepcontrol`).
+    :meth:`state_dict` holds the moments, the step and this rank's
+    residuals; loading it at another world size raises. Call
     :meth:`state_dict` and :meth:`load_state_dict` between steps, not
     between ``backward()`` and :meth:`step` (the momenta are being
-    reduced then: loading raises ``RuntimeError``). The parameters are fixed
+    reduced then: both raise ``RuntimeError``). The parameters are fixed
     at construction: ``add_param_group`` afterwards raises.
 
     Examples
@@ -177,7 +187,8 @@ class CompressedAdam(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
                  named_parameters=None, codec="onebit", algorithm="auto", warmup_steps=100,
                  lr_corrected=False, min_compress_bytes=MIN_COMPRESS_BYTES,
-                 fusion_threshold_bytes=64 * 1024 * 1024, backward_passes_per_step=1):
+                 fusion_threshold_bytes=64 * 1024 * 1024, backward_passes_per_step=1,
+                 grad_scaler=None):
         runtime = current()
         error, signature = None, None
         try:
@@ -187,11 +198,14 @@ class CompressedAdam(torch.optim.Optimizer):
             signature = self._plan(named_parameters, codec, algorithm, warmup_steps,
                                    lr_corrected, min_compress_bytes, fusion_threshold_bytes,
                                    backward_passes_per_step)
+            signature = (signature, self.check_scaler(grad_scaler))
         except (TypeError, ValueError) as exc:
             error = exc
         agree(runtime.comm, "CompressedAdam", [("arguments", signature)], error)
         self.rank, self.size = runtime.rank, runtime.size
         self.steps, self._groups = 0, None
+        self.grad_scaler, self.skipped_steps = grad_scaler, 0
+        self.reset_taken()
         self.reducer = MomentumReducer(self, runtime, self.buckets,
                                        [self.names[b[0]] for b in self.buckets],
                                        backward_passes_per_step, self.codec, algorithm,
@@ -322,9 +336,12 @@ class CompressedAdam(torch.optim.Optimizer):
         grad = torch.zeros_like(p) if p.grad is None else p.grad
         if grad.is_sparse:  # densified rather than refused: raising here on one rank
             grad = grad.to_dense()  # would leave the others in the allreduce
+        grad = self.take_gradient(p, grad)
         if self.in_warmup():
             return grad
-        return state["exp_avg"].lerp_(grad, 1 - self.group_of(p)["betas"][0])
+        # not in place: a dropped step must leave the momentum as it was (the same on
+        # every rank); step() replaces it with the average
+        return torch.lerp(state["exp_avg"], grad, 1 - self.group_of(p)["betas"][0])
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -349,10 +366,12 @@ class CompressedAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         warm = self.in_warmup()
-        means = self.reducer.finish()
-        self.steps += 1
+        if not self._finish(skip=False):
+            return loss
         t, frozen = self.steps, min(self.steps, self.warmup_steps)
-        for i, mean in means:
+        for i, mean in self._means:
+            if not self._anywhere[i]:  # frozen: no gradient on any rank (AdamW skips it)
+                continue
             p = self.params[i]
             group, state = self.group_of(p), self.state[p]
             m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -369,6 +388,7 @@ class CompressedAdam(torch.optim.Optimizer):
             p.mul_(1 - lr * group["weight_decay"])
             denom = (v.sqrt() / (1 - beta2 ** frozen) ** 0.5).add_(group["eps"])
             p.addcdiv_(m, denom, value=-lr / (1 - beta1 ** t))
+        self._means = None
         return loss
 
     def add_param_group(self, param_group):
@@ -401,7 +421,13 @@ class CompressedAdam(torch.optim.Optimizer):
             size and the communicator's residuals as tensors (so
             ``torch.load(..., weights_only=True)`` reads it). Residuals are
             per rank: save every rank's state dict.
+
+        Raises
+        ------
+        RuntimeError
+            Between ``backward()`` and :meth:`step`: the step is half done.
         """
+        self.check_between_steps("state_dict")
         state = super().state_dict()
         comm_state = to_torch_tree(self.communicator.state_dict())
         state["ccl"] = {"version": _STATE_VERSION, "step": self.steps, "rank": self.rank,
@@ -413,7 +439,9 @@ class CompressedAdam(torch.optim.Optimizer):
         """Load a :meth:`state_dict`; continues bit-identically on the rank that saved it.
 
         Residuals saved by another rank of the same world size are not loaded
-        (they start from zero, with a warning); the moments and the step are.
+        (they start from zero, with a warning); the moments and the steps
+        (the optimizer's and every error-feedback key's) are, so loading rank
+        0's state on every rank works.
 
         Parameters
         ----------
@@ -428,10 +456,7 @@ class CompressedAdam(torch.optim.Optimizer):
             size's chunking: restart the warm-up instead), with other
             parameters or another codec.
         """
-        if self.reducer.pending:
-            raise RuntimeError("load_state_dict() between backward() and step(): the "
-                               "momenta are being reduced. Load it before backward() or "
-                               "after step()")
+        self.check_between_steps("load_state_dict")
         state_dict = dict(state_dict)
         ccl_state = state_dict.pop("ccl", None)
         try:
@@ -454,29 +479,11 @@ class CompressedAdam(torch.optim.Optimizer):
                              f"this optimizer uses {self.codec.get_config()!r}")
         super().load_state_dict(state_dict)
         self._groups = None  # torch made new group dicts
-        self.steps = int(ccl_state["step"])
+        self.steps = self.reducer.engine.steps = int(ccl_state["step"])
         if rank == self.rank:
             self.communicator.load_state_dict(to_numpy_tree(comm_state))
         else:
             warnings.warn(f"error-feedback residuals saved by rank {rank} are not loaded on "
-                          f"rank {self.rank}: they start from zero. Save state_dict() on "
-                          "every rank to keep them.", stacklevel=2)
-            self.communicator.feedback.load_state_dict({})
-
-    def communication_stats(self):
-        """Counters of this rank: reductions, payload bytes sent, the step.
-
-        Returns
-        -------
-        dict
-            ``step``, ``warmup`` (whether the next step is a warm-up step),
-            ``params`` and ``compressed_params`` (parameters whose momentum is
-            compressed), ``buckets`` (their allreduces per step), ``reductions``
-            (allreduces started) and ``bytes_sent``
-            (payload bytes this rank put on the wire, ccl's own count).
-        """
-        return {"step": self.steps, "warmup": self.steps < self.warmup_steps,
-                "params": len(self.params), "compressed_params": sum(self.compressed),
-                "buckets": len(self.buckets),
-                "reductions": self.reducer.engine.reductions,
-                "bytes_sent": self.communicator.stats()["bytes_sent"]}
+                          f"rank {self.rank}: they start from zero (the steps are kept). "
+                          "Save state_dict() on every rank to keep them.", stacklevel=2)
+            load_steps(self.communicator, comm_state)
