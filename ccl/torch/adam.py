@@ -158,10 +158,11 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
 
     Notes
     -----
-    Every rank must call :meth:`step` (or :meth:`skip_step`) the same
-    number of times (:class:`ccl.MismatchError` names the ranks that do
-    not). A parameter without a gradient contributes zeros; one without a
-    gradient on every rank (frozen) is skipped, as in ``torch.optim.AdamW``.
+    Every rank must call :meth:`step` (or
+    :meth:`~ccl.torch.stepcontrol.StepControl.skip_step`) as often as the
+    others (:class:`ccl.MismatchError` names the ranks that do not). A
+    parameter without a gradient contributes zeros; one without a gradient
+    on every rank (frozen) is skipped, as in ``torch.optim.AdamW``.
     Changing gradients between ``backward()`` and :meth:`step` (clipping,
     ``unscale_``) raises ``RuntimeError`` (see :mod:`ccl.torch.stepcontrol`).
     :meth:`state_dict` holds the moments, the step and this rank's

@@ -89,10 +89,11 @@ class StepControl:
     def skip_step(self):
         """Drop this step: finish its reductions, change nothing (collective).
 
-        Call it instead of :meth:`step` after ``backward()`` to discard the
-        step (e.g. a loss that came out NaN); every rank must call it. The
-        parameters, moments and step count stay as they were; the codec's
-        error-feedback residuals of the reductions already made move on.
+        Call it instead of :meth:`~ccl.torch.CompressedAdam.step` after
+        ``backward()`` to discard the step (e.g. a loss that came out NaN);
+        every rank must call it. The parameters, moments and step count stay
+        as they were; the codec's error-feedback residuals of the reductions
+        already made move on.
         """
         self._finish(skip=True)
         self._means = None
@@ -151,7 +152,7 @@ class StepControl:
             found.fill_(1.0)
 
     def zero_grad(self, set_to_none=True):
-        """Clear gradients; raises between ``backward()`` and :meth:`step`.
+        """Clear gradients; raises between ``backward()`` and ``step()``.
 
         Parameters
         ----------
@@ -161,7 +162,7 @@ class StepControl:
         Raises
         ------
         RuntimeError
-            If backward ran since the last :meth:`step`: this step's
+            If backward ran since the last :meth:`~ccl.torch.CompressedAdam.step`: this step's
             reductions started then. Call :meth:`skip_step` to drop it.
         """
         if hasattr(self, "reducer") and self.reducer.pending:
@@ -181,8 +182,9 @@ class StepControl:
             ``params`` and ``compressed_params`` (parameters whose momentum is
             compressed), ``buckets`` (their allreduces per step), ``reductions``
             (allreduces started), ``skipped_steps`` (steps dropped by
-            :meth:`skip_step` or an inf step of ``grad_scaler``) and ``bytes_sent``
-            (payload bytes this rank put on the wire, ccl's own count).
+            :meth:`skip_step` or an inf step of ``grad_scaler``) and
+            ``bytes_sent`` (payload bytes this rank put on the wire, ccl's
+            own count).
         """
         return {"step": self.steps, "warmup": self.steps < self.warmup_steps,
                 "skipped_steps": self.skipped_steps,
