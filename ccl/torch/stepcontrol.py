@@ -37,14 +37,31 @@ class StepControl:
     """
 
     def check_scaler(self, grad_scaler):
-        """Validate the ``grad_scaler`` argument; return whether there is one."""
+        """Validate the ``grad_scaler`` argument.
+
+        Parameters
+        ----------
+        grad_scaler : torch.amp.GradScaler or None
+            What the optimizer was given.
+
+        Returns
+        -------
+        bool
+            Whether there is a scaler (the ranks agree on it).
+        """
         if grad_scaler is not None and not callable(getattr(grad_scaler, "get_scale", None)):
             raise TypeError(f"grad_scaler must be a torch.amp.GradScaler, got "
                             f"{type(grad_scaler).__name__}")
         return grad_scaler is not None
 
     def check_between_steps(self, what):
-        """Raise ``RuntimeError`` if called between ``backward()`` and ``step()``."""
+        """Raise ``RuntimeError`` if called between ``backward()`` and ``step()``.
+
+        Parameters
+        ----------
+        what : str
+            The method called, for the message.
+        """
         if self.reducer.pending:
             raise RuntimeError(f"{what}() between backward() and step(): the step is half "
                                "done (its momenta are being reduced). Call it before "
