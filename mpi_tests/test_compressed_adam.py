@@ -265,7 +265,10 @@ def test_gradient_accumulation_over_backward_passes(hvd):
         loss_of(model, hvd.rank(), 9).backward()
     with pytest.raises(RuntimeError, match="backward_passes_per_step"):
         loss_of(model, hvd.rank(), 9).backward()  # a third pass before step(): refused
-    opt.step()
+    # it added to gradients already taken: the step is refused (and dropped) on every rank
+    with pytest.raises(RuntimeError, match="changed between backward"):
+        opt.step()
+    train(model, opt, hvd.rank(), 1)  # and training goes on
 
 
 def test_state_and_groups_are_refused_mid_step(hvd):

@@ -9,6 +9,7 @@ that the loss can fall.
 
 import io
 import socket
+import warnings
 
 import pytest
 from mpi4py import MPI
@@ -197,3 +198,66 @@ def test_bad_arguments_raise_on_every_rank(comm, hvd):
     state, _ = ct.ddp_comm_hook("fp16")  # the ranks still agree afterwards
     with pytest.raises(ValueError, match="not a ccl DDP hook state"):
         state.load_state_dict({"version": 1})
+
+
+# ------------------------------------------------------------------ hardening
+def _rank0(comm, state):
+    """Rank 0's ``state``, saved there and loaded on every rank (weights only)."""
+    data = None
+    if comm.rank == 0:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+    return torch.load(io.BytesIO(comm.bcast(data, root=0)), weights_only=True)
+
+
+def test_rank0_state_loaded_on_every_rank_keeps_training(comm, hvd):
+    model, state = ddp(make_model(), "thc", **COMPRESS)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, opt, comm.rank, 3)
+    saved = _rank0(comm, {"model": model.module.state_dict(), "ccl": state.state_dict()})
+    model, state = ddp(make_model(), "thc", **COMPRESS)
+    model.module.load_state_dict(saved["model"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state.load_state_dict(saved["ccl"])
+    assert len([w for w in caught if "steps are kept" in str(w.message)]) == (comm.rank != 0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, opt, comm.rank, 3, start=3)  # used to raise "disagree on the key's step"
+    assert_same_on_all_ranks(comm, flat(model.module))
+
+
+def test_collective_error_in_the_hook_is_catchable(comm, hvd):
+    model, _ = ddp(make_model(), "fp16", check_finite=True, **COMPRESS)
+    x, y = batch(comm.rank, 0)
+    if comm.rank == 0:
+        x[0, 0] = float("nan")
+    # used to be "RuntimeError: Unable to cast ... to Tensor" from torch
+    with pytest.raises(ccl.NonFiniteError, match="rank"):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+
+
+def test_one_hook_state_on_two_models_is_refused(comm, hvd):
+    first, state = ddp(make_model(), "onebit", **COMPRESS)
+    _, hook = ct.ddp_comm_hook("onebit", **COMPRESS)
+    second, _ = ddp(make_model(seed=1))
+    second.register_comm_hook(state, hook)
+    train(first, torch.optim.SGD(first.parameters(), lr=0.1), comm.rank, 2)
+    x, y = batch(comm.rank, 2)
+    with pytest.raises(RuntimeError, match="another"):
+        torch.nn.functional.cross_entropy(second(x), y).backward()
+
+
+def test_a_rank_that_stops_early_makes_every_rank_raise(comm, hvd):
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    model, _ = ddp(make_model(), "fp16", **COMPRESS)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, opt, comm.rank, 2)
+    last = comm.size - 1
+    with pytest.raises(ccl.MismatchError, match="stopped after step 2") as info:
+        if comm.rank == last:
+            ct.shutdown()  # one batch fewer: the end of its training
+        else:
+            train(model, opt, comm.rank, 1, start=2)  # instead of waiting forever
+    assert info.value.ranks == [[last], list(range(last))]

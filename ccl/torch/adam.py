@@ -60,9 +60,9 @@ from ..codecs import get_codec
 from ..collectives import ALGORITHM_NAMES
 from ..collectives.auto import MIN_COMPRESS_BYTES
 from .buckets import named_params
-from .engine import decision_stats
-from .functions import to_numpy_tree, to_torch_tree
-from .momentum import MomentumReducer, preconditioner, step_bound
+from .functions import load_steps, to_numpy_tree, to_torch_tree
+from .momentum import MomentumReducer, check_adam_group, preconditioner, step_bound
+from .stepcontrol import StepControl
 from .runtime import current
 
 __all__ = ["CompressedAdam"]
@@ -71,27 +71,7 @@ _STATE_VERSION = 1
 _DTYPES = (torch.float32, torch.float64)
 
 
-def _check_number(name, value, low, high=float("inf"), high_open=False):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value \
-        and (value < high if high_open else value <= high)
-    if not ok:
-        raise ValueError(f"{name} must be a number in [{low}, {high}{')' if high_open else ']'}, "
-                         f"got {value!r}")
-
-
-def _check_group(group):
-    """Validate one parameter group's hyperparameters (ValueError says what is accepted)."""
-    _check_number("lr", group["lr"], 0.0)
-    betas = group["betas"]
-    if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
-    _check_number("betas[0]", betas[0], 0.0, 1.0, high_open=True)
-    _check_number("betas[1]", betas[1], 0.0, 1.0, high_open=True)
-    _check_number("eps", group["eps"], 0.0)
-    _check_number("weight_decay", group["weight_decay"], 0.0)
-
-
-class CompressedAdam(torch.optim.Optimizer):
+class CompressedAdam(StepControl, torch.optim.Optimizer):
     """AdamW that averages its momentum compressed after a warm-up, variance frozen (collective).
 
     A 1-bit-Adam-style optimizer: it communicates by itself (do not wrap it in
@@ -151,6 +131,12 @@ class CompressedAdam(torch.optim.Optimizer):
         Backward passes whose gradients accumulate locally before each
         :meth:`step` (gradient accumulation), >= 1. A bucket's reduction
         starts inside the last of them, once its gradients are final.
+    grad_scaler : torch.amp.GradScaler, optional
+        The scaler of mixed-precision training (``scaler.scale(loss).backward()``,
+        ``scaler.step(optimizer)``, ``scaler.update()``): gradients are divided
+        by its scale before they are folded in, and a step whose gradients
+        hold NaN or Inf on any rank is dropped on every rank (each rank's
+        scaler then lowers its scale alike). ``GradScaler("cpu")`` works.
 
     Raises
     ------
@@ -163,14 +149,18 @@ class CompressedAdam(torch.optim.Optimizer):
 
     Notes
     -----
-    Every rank must call :meth:`step` the same number of times. A parameter
-    without a gradient on a rank contributes zeros there (unlike
-    ``torch.optim.AdamW``, which skips it): all ranks take part in every
-    allreduce. :meth:`state_dict` holds the moments, the step and this
-    rank's residuals; loading it at another world size raises. Call
+    Every rank must call :meth:`step` (or
+    :meth:`~ccl.torch.stepcontrol.StepControl.skip_step`) as often as the
+    others (:class:`ccl.MismatchError` names the ranks that do not). A
+    parameter without a gradient contributes zeros; one without a gradient
+    on every rank (frozen) is skipped, as in ``torch.optim.AdamW``.
+    Changing gradients between ``backward()`` and :meth:`step` (clipping,
+    ``unscale_``) raises ``RuntimeError`` (see :mod:`ccl.torch.stepcontrol`).
+    :meth:`state_dict` holds the moments, the step and this rank's
+    residuals; loading it at another world size raises. Call
     :meth:`state_dict` and :meth:`load_state_dict` between steps, not
     between ``backward()`` and :meth:`step` (the momenta are being
-    reduced then: loading raises ``RuntimeError``). The parameters are fixed
+    reduced then: both raise ``RuntimeError``). The parameters are fixed
     at construction: ``add_param_group`` afterwards raises.
 
     Examples
@@ -189,21 +179,25 @@ class CompressedAdam(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
                  named_parameters=None, codec="onebit", algorithm="auto", warmup_steps=100,
                  lr_corrected=False, min_compress_bytes=MIN_COMPRESS_BYTES,
-                 fusion_threshold_bytes=64 * 1024 * 1024, backward_passes_per_step=1):
+                 fusion_threshold_bytes=64 * 1024 * 1024, backward_passes_per_step=1,
+                 grad_scaler=None):
         runtime = current()
         error, signature = None, None
         try:
             defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-            _check_group(defaults)
+            check_adam_group(defaults)
             super().__init__(params, defaults)
             signature = self._plan(named_parameters, codec, algorithm, warmup_steps,
                                    lr_corrected, min_compress_bytes, fusion_threshold_bytes,
                                    backward_passes_per_step)
+            signature = (signature, self.check_scaler(grad_scaler))
         except (TypeError, ValueError) as exc:
             error = exc
         agree(runtime.comm, "CompressedAdam", [("arguments", signature)], error)
         self.rank, self.size = runtime.rank, runtime.size
         self.steps, self._groups = 0, None
+        self.grad_scaler, self.skipped_steps = grad_scaler, 0
+        self.reset_taken()
         self.reducer = MomentumReducer(self, runtime, self.buckets,
                                        [self.names[b[0]] for b in self.buckets],
                                        backward_passes_per_step, self.codec, algorithm,
@@ -214,7 +208,7 @@ class CompressedAdam(torch.optim.Optimizer):
               min_compress_bytes, fusion_threshold_bytes, passes):
         """Validate the options and fix the parameters' order; return the signature."""
         for group in self.param_groups:
-            _check_group(group)
+            check_adam_group(group)
         if algorithm not in ALGORITHM_NAMES:
             raise ValueError(f"algorithm must be one of {', '.join(ALGORITHM_NAMES)}; "
                              f"got {algorithm!r}")
@@ -334,11 +328,14 @@ class CompressedAdam(torch.optim.Optimizer):
         grad = torch.zeros_like(p) if p.grad is None else p.grad
         if grad.is_sparse:  # densified rather than refused: raising here on one rank
             grad = grad.to_dense()  # would leave the others in the allreduce
+        grad = self.take_gradient(p, grad)
         if self.in_warmup():
             return grad
         group, t = self.group_of(p), self.steps + 1
         (beta1, beta2), v = group["betas"], state["exp_avg_sq"]
-        m = state["exp_avg"].lerp_(grad, 1 - beta1)
+        # not in place: a dropped step must leave the momentum as it was (the same on
+        # every rank); step() replaces it with the average
+        m = torch.lerp(state["exp_avg"], grad, 1 - beta1)
         # sent: the step's own scale m / d, within exact Adam's bound (module docstring)
         limit = step_bound(beta1, beta2, t) * (1 - beta1 ** t)
         d = preconditioner(v, beta2, self.warmup_steps, group["eps"])
@@ -367,10 +364,12 @@ class CompressedAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         warm = self.in_warmup()
-        means = self.reducer.finish()
-        self.steps += 1
+        if not self._finish(skip=False):
+            return loss
         t, frozen = self.steps, min(self.steps, self.warmup_steps)
-        for i, mean in means:
+        for i, mean in self._means:
+            if not self._anywhere[i]:  # frozen: no gradient on any rank (AdamW skips it)
+                continue
             p = self.params[i]
             group, state = self.group_of(p), self.state[p]
             m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -387,6 +386,7 @@ class CompressedAdam(torch.optim.Optimizer):
             p.mul_(1 - lr * group["weight_decay"])
             denom = (v.sqrt() / (1 - beta2 ** frozen) ** 0.5).add_(group["eps"])
             p.addcdiv_(m, denom, value=-lr / (1 - beta1 ** t))
+        self._means = None
         return loss
 
     def add_param_group(self, param_group):
@@ -419,7 +419,13 @@ class CompressedAdam(torch.optim.Optimizer):
             size and the communicator's residuals as tensors (so
             ``torch.load(..., weights_only=True)`` reads it). Residuals are
             per rank: save every rank's state dict.
+
+        Raises
+        ------
+        RuntimeError
+            Between ``backward()`` and :meth:`step`: the step is half done.
         """
+        self.check_between_steps("state_dict")
         state = super().state_dict()
         comm_state = to_torch_tree(self.communicator.state_dict())
         state["ccl"] = {"version": _STATE_VERSION, "step": self.steps, "rank": self.rank,
@@ -431,7 +437,9 @@ class CompressedAdam(torch.optim.Optimizer):
         """Load a :meth:`state_dict`; continues bit-identically on the rank that saved it.
 
         Residuals saved by another rank of the same world size are not loaded
-        (they start from zero, with a warning); the moments and the step are.
+        (they start from zero, with a warning); the moments and the steps
+        (the optimizer's and every error-feedback key's) are, so loading rank
+        0's state on every rank works.
 
         Parameters
         ----------
@@ -446,10 +454,7 @@ class CompressedAdam(torch.optim.Optimizer):
             size's chunking: restart the warm-up instead), with other
             parameters or another codec.
         """
-        if self.reducer.pending:
-            raise RuntimeError("load_state_dict() between backward() and step(): the "
-                               "momenta are being reduced. Load it before backward() or "
-                               "after step()")
+        self.check_between_steps("load_state_dict")
         state_dict = dict(state_dict)
         ccl_state = state_dict.pop("ccl", None)
         try:
@@ -472,32 +477,11 @@ class CompressedAdam(torch.optim.Optimizer):
                              f"this optimizer uses {self.codec.get_config()!r}")
         super().load_state_dict(state_dict)
         self._groups = None  # torch made new group dicts
-        self.steps = int(ccl_state["step"])
+        self.steps = self.reducer.engine.steps = int(ccl_state["step"])
         if rank == self.rank:
             self.communicator.load_state_dict(to_numpy_tree(comm_state))
         else:
             warnings.warn(f"error-feedback residuals saved by rank {rank} are not loaded on "
-                          f"rank {self.rank}: they start from zero. Save state_dict() on "
-                          "every rank to keep them.", stacklevel=2)
-            self.communicator.feedback.load_state_dict({})
-
-    def communication_stats(self):
-        """Counters of this rank: reductions, payload bytes sent, the step.
-
-        Returns
-        -------
-        dict
-            ``step``, ``warmup`` (whether the next step is a warm-up step),
-            ``params`` and ``compressed_params`` (parameters whose momentum is
-            compressed), ``buckets`` (their allreduces per step), ``reductions``
-            (allreduces started), ``bytes_sent``
-            (payload bytes this rank put on the wire, ccl's own count), and what
-            ran and why: ``algorithms``, ``decisions`` and ``auto``
-            (``ccl.torch.engine.decision_stats``).
-        """
-        return {"step": self.steps, "warmup": self.steps < self.warmup_steps,
-                "params": len(self.params), "compressed_params": sum(self.compressed),
-                "buckets": len(self.buckets),
-                "reductions": self.reducer.engine.reductions,
-                "bytes_sent": self.communicator.stats()["bytes_sent"],
-                **decision_stats(self.communicator)}
+                          f"rank {self.rank}: they start from zero (the steps are kept). "
+                          "Save state_dict() on every rank to keep them.", stacklevel=2)
+            load_steps(self.communicator, comm_state)

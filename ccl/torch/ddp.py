@@ -26,8 +26,8 @@ import torch
 from ..agreement import agree
 from ..collectives import Options
 from .buckets import work_dtype
-from .engine import Engine, Job
-from .functions import from_array, to_array, to_numpy_tree, to_torch_tree
+from .engine import STEP, Engine, Job, StepCheck
+from .functions import from_array, load_steps, to_array, to_numpy_tree, to_torch_tree
 from .runtime import current
 
 __all__ = ["ddp_comm_hook", "DDPHookState", "ccl_comm_hook"]
@@ -73,6 +73,7 @@ class DDPHookState:
     def __init__(self, runtime, codec, algorithm, options):
         self.rank, self.size = runtime.rank, runtime.size
         self.engine = Engine(runtime, codec, algorithm, "mean", **options)
+        self.engine.what = "the DDP hook"  # its steps: backward passes
         # gone on every rank: the communicator is freed at the next collective point
         weakref.finalize(self, self.engine.retire)
         self._numbers = {}  # id(parameter) -> its number, in the order the hook saw them
@@ -83,6 +84,8 @@ class DDPHookState:
         self._held = set()  # keys that may hold residuals
         self._pass_over = True
         self._last = None  # the last job submitted
+        self._check = None  # the step check of the backward pass in progress
+        self._error = None  # the first error of the pass in progress, raised at its end
 
     @property
     def communicator(self):
@@ -113,8 +116,11 @@ class DDPHookState:
         return _key(sorted(self._number(p) for p in bucket.parameters()))
 
     def _start_pass(self):
-        """A new backward pass: forget residuals of buckets the last pass did not build."""
+        """A new backward pass: check the ranks' passes; forget residuals of unbuilt buckets."""
         self._wait()
+        self._check = StepCheck(self.engine.what, STEP, self.engine.steps)
+        self.engine.submit(self._check)
+        self._error = None
         if self._live is not None and self._held - set(self._live):
             # once, after DDP rebuilt its buckets (the snapshot copies every residual)
             feedback = self.engine.communicator.feedback
@@ -160,9 +166,26 @@ class DDPHookState:
         Returns
         -------
         torch.futures.Future
-            Resolves to the bucket's buffer, overwritten with the average (or
-            to the collective's error, raised alike on every rank).
+            Resolves to the bucket's buffer, overwritten with the average.
+
+        Raises
+        ------
+        Exception
+            For the pass's last bucket, once every bucket is reduced: what a
+            collective of the pass raised (on every rank alike; a
+            :class:`ccl.CCLError` for ccl's own errors). A future's error
+            would reach the user as an uncatchable ``RuntimeError: Unable to
+            cast ... to Tensor``; raised here, it leaves ``backward()`` as it
+            is. DDP cannot go on after an error in a hook: rebuild it.
+        RuntimeError
+            If this state already serves another DDP model.
         """
+        if self._live is not None and any(id(p) not in self._numbers
+                                          for p in bucket.parameters()):
+            raise RuntimeError("this ccl DDP hook state is registered on another "
+                               "DistributedDataParallel model already (its error feedback "
+                               "would be dropped at every pass of the other): call "
+                               "ccl.torch.ddp_comm_hook() once per model")
         if self._pass_over:
             self._start_pass()
         buffer = bucket.buffer()
@@ -175,7 +198,8 @@ class DDPHookState:
         for group in groups:
             self._pass_keys[_key(group)] = group
             self._held.add(_key(group))
-        if bucket.is_last():
+        last = bucket.is_last()
+        if last:
             self._live, self._pass_over = dict(self._pass_keys), True
         dtype = work_dtype(buffer.dtype)
         future = torch.futures.Future()
@@ -188,7 +212,8 @@ class DDPHookState:
                 [buffer[where[n][0]:where[n][0] + where[n][1]] for n in group]).to(dtype)
 
             def done(job):
-                # runs in the communication thread: errors go to the future, never up
+                # runs in the communication thread: errors are kept for the pass's last
+                # bucket to raise, the future always gets the buffer
                 try:
                     if job.error is not None:
                         raise job.error
@@ -202,22 +227,28 @@ class DDPHookState:
                             buffer[start:start + size].copy_(result[at:at + size])
                             at += size
                 except BaseException as exc:
-                    pending[1] = pending[1] or exc
+                    self._error = self._error or exc
                 pending[0] -= 1  # jobs finish one at a time, in one thread
                 if pending[0] == 0:
-                    if pending[1] is None:
-                        future.set_result(buffer)
-                    else:
-                        future.set_exception(pending[1])
+                    future.set_result(buffer)
 
             job = Job(to_array(x), _key(group), on_done=done)
+            job.gate = self._check  # ranks at other passes: no collective, the check's error
             self.engine.submit(job)
             self._last = job
 
         for group in groups:
             reduce_group(group)
-        if not self.engine.threaded:
-            self.engine.wait(self._last)  # no background thread: reduce now, in this thread
+        if not self.engine.threaded or last:
+            # no background thread: reduce now, in this thread; the last bucket: raise
+            # the pass's error here, with its own type
+            self.engine.wait(self._last)
+        if last:
+            future.wait()  # its job's callback, which keeps the error, has run too
+            self.engine.steps += self._error is None
+            error, self._error = self._error, None
+            if error is not None:
+                raise error
         return future
 
     def state_dict(self):
@@ -239,13 +270,15 @@ class DDPHookState:
         layout = self._live.values() if self._live is not None else self._restored or ()
         groups = [list(group) for group in layout]
         return {"version": STATE_VERSION, "rank": self.rank, "size": self.size,
-                "buckets": groups, "communicator": to_torch_tree(state)}
+                "buckets": groups, "steps": self.engine.steps,
+                "communicator": to_torch_tree(state)}
 
     def load_state_dict(self, state):
         """Restore :meth:`state_dict` output saved by this rank.
 
         Residuals saved by another rank (or at another size) are not loaded:
-        they start from zero, with a warning.
+        they start from zero, with a warning; the steps are kept (every
+        rank may load rank 0's state).
 
         Parameters
         ----------
@@ -271,13 +304,14 @@ class DDPHookState:
         self._wait()
         # every rank loads the same buckets, also where its residuals do not apply
         self._restored = groups or None
+        self.engine.steps = int(state.get("steps", self.engine.steps))
         if saved != (self.rank, self.size):
             warnings.warn(f"error-feedback residuals saved by rank {saved[0]} of {saved[1]} "
                           f"are not loaded on rank {self.rank} of {self.size} (they are per "
-                          "rank): residuals start from zero", stacklevel=2)
-            self.engine.communicator.feedback.load_state_dict({})
-            return
-        self.engine.communicator.load_state_dict(to_numpy_tree(communicator))
+                          "rank): residuals start from zero, the steps are kept", stacklevel=2)
+            load_steps(self.engine.communicator, communicator)
+        else:
+            self.engine.communicator.load_state_dict(to_numpy_tree(communicator))
         self._held |= set(communicator["feedback"])
 
 

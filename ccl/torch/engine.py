@@ -9,16 +9,27 @@ duplicate of ``ccl.torch``'s communicator that no other thread uses. Without
 import queue
 import threading
 
+import numpy as np
+from mpi4py import MPI
+
 from ..api import Communicator
+from ..errors import MismatchError
 from .runtime import threads_supported
 
-__all__ = ["Job", "Engine", "release", "decision_stats"]
+__all__ = ["Job", "Census", "StepCheck", "Engine", "release", "check_step", "STEP", "CLOSE",
+           "decision_stats"]
+
+#: What a rank does in a step check: starts a step, or frees its engine (shutdown).
+STEP, CLOSE = 1, 2
 
 
 class Job:
     """One bucket's reduction: input, options, and the result or error once done."""
 
-    __slots__ = ("x", "key", "codec", "algorithm", "lr", "result", "error", "done", "on_done")
+    counted = True  # in Engine.reductions
+
+    __slots__ = ("x", "key", "codec", "algorithm", "lr", "result", "error", "done", "on_done",
+                 "gate")
 
     def __init__(self, x, key, codec=None, algorithm=None, on_done=None, lr=None):
         self.x, self.key, self.codec, self.algorithm = x, key, codec, algorithm
@@ -26,9 +37,14 @@ class Job:
         self.result = self.error = None
         self.done = threading.Event()
         self.on_done = on_done  # called with the job once it is done, in the thread that ran it
+        # the StepCheck of the job's step: once it failed (on every rank alike), the job
+        # does not run its collective, since ranks at different steps would pair wrongly
+        self.gate = None
 
     def run(self, communicator):
         try:
+            if self.gate is not None and self.gate.error is not None:
+                raise self.gate.error
             if self.lr is not None:  # lr-corrected error feedback, on the thread that reduces
                 communicator.set_lr(self.lr)
             self.result = communicator.allreduce(self.x, key=self.key, codec=self.codec,
@@ -39,6 +55,98 @@ class Job:
             self.done.set()
         if self.on_done is not None:
             self.on_done(self)
+
+
+class Census(Job):
+    """A small exact reduction of the step's bookkeeping (not counted as a reduction)."""
+
+    __slots__ = ()
+    counted = False
+
+
+class StepCheck(Job):
+    """The check each step starts with: every rank is at the same step (collective).
+
+    Parameters
+    ----------
+    what : str
+        The owner, for messages (``"DistributedOptimizer"``, ...).
+    kind : {STEP, CLOSE}
+        Whether this rank starts a step or frees the engine.
+    number : int
+        The steps this rank's owner completed.
+    """
+
+    __slots__ = ("what", "kind", "number")
+    counted = False
+
+    def __init__(self, what, kind, number):
+        super().__init__(None, None)
+        self.what, self.kind, self.number = what, kind, number
+
+    def run(self, communicator):
+        try:
+            check_step(communicator, self.what, self.kind, self.number)
+        except BaseException as exc:  # handed to the thread that waits for the check
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+def _ranks(ranks):
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def check_step(communicator, what, kind, number):
+    """Compare every rank's step with one exact allreduce (collective).
+
+    Parameters
+    ----------
+    communicator : ccl.Communicator
+        The engine's communicator.
+    what : str
+        The owner, for messages.
+    kind : {STEP, CLOSE}
+        Whether this rank starts a step or frees the engine.
+    number : int
+        The steps this rank's owner completed.
+
+    Raises
+    ------
+    ccl.MismatchError
+        On every rank, naming the ranks and their steps, when ranks start
+        different steps or some free the engine while the others start a
+        step (its ``stopped`` attribute then lists those ranks).
+    """
+    size, rank = communicator.size, communicator.rank
+    row = np.zeros(2 * size)
+    row[rank], row[size + rank] = kind, number
+    # The MPI library's exact Allreduce: the ranks' rows are disjoint, so the sum is the
+    # table of every rank's (kind, step), the same on every rank.
+    table = communicator.allreduce(row, op="sum", codec="none", algorithm="mpi")
+    kinds, numbers = np.rint(table[:size]).astype(int), np.rint(table[size:]).astype(int)
+    closing = [r for r in range(size) if kinds[r] == CLOSE]
+    stepping = [r for r in range(size) if kinds[r] == STEP]
+    if not stepping or (not closing and (numbers == numbers[0]).all()):
+        return
+    if closing:
+        last = sorted({int(numbers[r]) for r in closing})
+        error = MismatchError(
+            f"{_ranks(closing)} stopped after step {', '.join(map(str, last))} of {what} "
+            f"(ccl.torch.shutdown()) while {_ranks(stepping)} started step "
+            f"{int(numbers[stepping[0]]) + 1}: every rank must take the same number of steps "
+            "(give every rank the same number of batches, e.g. drop the uneven remainder "
+            "of a [rank::size] shard)", field="step", ranks=[closing, stepping])
+        error.stopped = closing
+        raise error
+    groups = {}
+    for r in range(size):
+        groups.setdefault(int(numbers[r]), []).append(r)
+    where = "; ".join(f"{_ranks(ranks)} at step {n + 1}" for n, ranks in groups.items())
+    raise MismatchError(
+        f"ranks are at different steps of {what}: {where}. Every rank must take the same "
+        "number of steps, and a checkpoint must be loaded on every rank or on none",
+        field="step", ranks=list(groups.values()))
 
 
 def _serve(jobs, communicator):
@@ -74,6 +182,9 @@ class Engine:
         self.communicator = Communicator(self.comm, codec, algorithm=algorithm, op=op, **options)
         self.reductions = 0
         self.closed = False
+        self.what = "ccl.torch"  # the owner, for the step check's messages
+        self.steps = 0  # the steps the owner completed (the owner counts them)
+        self.last_check = None  # the last StepCheck submitted
         self._jobs = queue.SimpleQueue()
         self._inline = []
         self._thread = None
@@ -94,7 +205,9 @@ class Engine:
         if self.closed:
             raise RuntimeError("ccl.torch was shut down: this optimizer (or DDP hook) cannot "
                                "reduce gradients any more")
-        self.reductions += 1
+        if isinstance(job, StepCheck):
+            self.last_check = job
+        self.reductions += job.counted
         if self._thread is None:
             self._inline.append(job)  # run by wait(), in the calling thread
         else:
@@ -126,7 +239,14 @@ class Engine:
             self._thread.join(timeout)
 
     def close(self):
-        """Finish queued jobs, stop the thread and free the communicator (collective)."""
+        """Finish queued jobs, stop the thread and free the communicator (collective).
+
+        Raises
+        ------
+        ccl.MismatchError
+            If other ranks start a step instead (they raise it too): the
+            communicator is freed all the same.
+        """
         if self.closed:
             return
         self.closed = True
@@ -134,8 +254,28 @@ class Engine:
         for job in self._inline:
             job.run(self.communicator)
         self._inline = []
+        # tells ranks still stepping that this rank stopped (else they would wait forever)
+        stopped = self.last_check is not None and \
+            getattr(self.last_check.error, "stopped", None)
+        check = None
+        if not stopped and not MPI.Is_finalized():
+            check = StepCheck(self.what, CLOSE, self.steps)
+            if self._thread is None:
+                check.run(self.communicator)
+            else:  # in a thread named as the one the step checks ran in (ccl agrees on it)
+                thread = threading.Thread(target=check.run, args=(self.communicator,),
+                                          name=self._thread.name, daemon=True)
+                thread.start()
+                thread.join()
         self.comm.Free()
+        if check is not None and check.error is not None:
+            raise check.error
 
+    def check_passed(self, check):
+        """Wait for a :class:`StepCheck` and raise its error, if any."""
+        self.wait(check)
+        if check.error is not None:
+            raise check.error
 
 
 def release(handles, engine):

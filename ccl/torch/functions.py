@@ -16,7 +16,8 @@ from ..agreement import agree
 from .runtime import current
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
-           "allgather_object", "to_array", "from_array", "to_torch_tree", "to_numpy_tree"]
+           "allgather_object", "to_array", "from_array", "to_torch_tree", "to_numpy_tree",
+           "load_steps"]
 
 # Tensors start at multiples of this many bytes in the broadcast buffer, so a
 # byte slice can be viewed as any dtype without a copy.
@@ -64,6 +65,23 @@ def to_numpy_tree(obj):
     if type(obj) in (list, tuple):
         return type(obj)(to_numpy_tree(v) for v in obj)
     return obj
+
+
+def load_steps(communicator, state):
+    """Load another rank's :meth:`ccl.Communicator.state_dict`: every key's step, no residual.
+
+    Every rank's keys are at the same step (the ranks agree on it at every
+    call), so a checkpoint saved on one rank gives every rank the steps it
+    needs; residuals are per rank and start from zero.
+
+    Parameters
+    ----------
+    communicator : ccl.Communicator
+    state : dict
+        Its ``state_dict()`` saved on another rank (arrays as tensors or numpy).
+    """
+    feedback = {key: {**entry, "residuals": {}} for key, entry in state["feedback"].items()}
+    communicator.feedback.load_state_dict(feedback)
 
 
 

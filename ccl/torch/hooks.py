@@ -13,18 +13,33 @@ is reduced (:meth:`BucketHooks.launch`).
 
 import weakref
 
+from .engine import STEP, StepCheck
+
 __all__ = ["BucketHooks"]
 
 
 class BucketHooks:
     """Backward passes counted per parameter; complete buckets started in launch order.
 
+    Attributes
+    ----------
+    drop_advice : str
+        How the owner drops a step, for messages.
+
     Subclasses set ``params`` (the parameters, indexed like the hooks),
     ``passes`` (backward passes per step), ``buckets`` (in launch order,
-    objects with ``members``, ``missing`` and ``job`` attributes) and
-    ``lock`` (a ``threading.RLock``), and define :meth:`fill`,
+    objects with ``members``, ``missing`` and ``job`` attributes),
+    ``lock`` (a ``threading.RLock``) and ``engine`` (whose ``steps`` and
+    ``what`` the step check reports), and define :meth:`fill`,
     :meth:`launch` and :meth:`param_name`.
+
+    Each step starts with a :class:`~ccl.torch.engine.StepCheck` submitted
+    before its first bucket: ranks at different steps (or some ranks shut
+    down) raise :class:`ccl.MismatchError` instead of pairing one step's
+    collectives with another's.
     """
+
+    drop_advice = "optimizer.synchronize() then optimizer.zero_grad() drops a step"
 
     def hook(self, indices):
         """Register the gradient hook of the parameters at ``indices``.
@@ -51,6 +66,30 @@ class BucketHooks:
             bucket.missing, bucket.job = len(bucket.members), None
         self.next_launch = 0
         self.dirty = False  # a hook fired since the last reset
+        self.check = None  # this step's StepCheck, submitted with its first bucket
+
+    def step_check(self):
+        """This step's check, submitted now if no bucket of the step started yet.
+
+        Returns
+        -------
+        ccl.torch.engine.StepCheck
+            Carries ``engine.steps``, the steps completed on this rank.
+        """
+        if self.check is None:
+            self.check = StepCheck(self.engine.what, STEP, self.engine.steps)
+            self.engine.submit(self.check)
+        return self.check
+
+    def submit(self, job):
+        """Submit a bucket's job, after the step's check (which it skips if the check failed).
+
+        Parameters
+        ----------
+        job : ccl.torch.engine.Job
+        """
+        job.gate = self.step_check()
+        self.engine.submit(job)
 
     @property
     def pending(self):
@@ -76,8 +115,9 @@ class BucketHooks:
                 raise RuntimeError(
                     f"the gradient of {self.param_name(i)!r} was computed more than "
                     f"backward_passes_per_step={self.passes} times before the step reduced "
-                    "it; raise backward_passes_per_step to accumulate more backward passes "
-                    "locally")
+                    f"it: call optimizer.step() after every {self.passes} backward pass(es) "
+                    f"({self.drop_advice}), or raise backward_passes_per_step to accumulate "
+                    "more backward passes locally")
             self.remaining[i] -= 1
             if self.remaining[i] > 0:
                 return

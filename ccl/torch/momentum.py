@@ -23,13 +23,14 @@ import math
 import threading
 import weakref
 
+import numpy as np
 import torch
 
-from .engine import Engine, Job, release
+from .engine import Census, Engine, Job, release
 from .functions import from_array, to_array
 from .hooks import BucketHooks
 
-__all__ = ["MomentumReducer", "preconditioner", "step_bound"]
+__all__ = ["MomentumReducer", "preconditioner", "step_bound", "check_adam_group"]
 
 
 def step_bound(beta1, beta2, t):
@@ -130,6 +131,8 @@ class MomentumReducer(BucketHooks):
         The engine's :class:`ccl.Communicator` settings for compressed buckets.
     """
 
+    drop_advice = "optimizer.skip_step() drops a step"
+
     def __init__(self, optimizer, runtime, compressed, keys, passes, codec, algorithm,
                  lr_corrected):
         self.owner = weakref.ref(optimizer)
@@ -137,6 +140,7 @@ class MomentumReducer(BucketHooks):
         self.passes = passes
         self.engine = Engine(runtime, codec, algorithm, "mean", min_compress_bytes=0,
                              lr_corrected=lr_corrected)
+        self.engine.what = "CompressedAdam"
         self.lock = threading.RLock()
         taken = {i for members in compressed for i in members}
         exact = {}
@@ -184,17 +188,29 @@ class MomentumReducer(BucketHooks):
             job = Job(to_array(bucket.flat), bucket.key,
                       lr=optimizer.lr_of(self.params[bucket.members[0]]))
         bucket.job = job
-        self.engine.submit(job)
+        self.submit(job)
 
     # ----------------------------------------------------------------- step
-    def finish(self):
+    def finish(self, flag=0):
         """Start what backward did not, wait for every bucket; return the means (collective).
+
+        Then the ranks exchange one small row (the MPI library's exact
+        allreduce): each rank's ``flag`` and which parameters have a gradient.
+
+        Parameters
+        ----------
+        flag : int
+            This rank's flags for the step (bits the optimizer defines).
 
         Returns
         -------
-        list of (int, torch.Tensor)
+        means : list of (int, torch.Tensor)
             Per parameter index, the mean over the ranks of what it sent
             (a view of a fresh tensor, shaped like the parameter).
+        flags : numpy.ndarray
+            Every rank's ``flag``, by rank.
+        anywhere : numpy.ndarray
+            Per parameter index, whether some rank has a gradient for it.
 
         Raises
         ------
@@ -208,11 +224,22 @@ class MomentumReducer(BucketHooks):
                         self.take(i)
                 self.launch(bucket)
             self.next_launch = len(self.buckets)
+            size = self.engine.communicator.size
+            row = np.zeros(size + len(self.params))
+            row[self.engine.communicator.rank] = flag
+            row[size:] = [p.grad is not None for p in self.params]
+            census = Census(row, None, codec="none", algorithm="mpi")  # averaged: times size
+            self.submit(census)
             for bucket in self.buckets:
                 self.engine.wait(bucket.job)
-            error = next((b.job.error for b in self.buckets if b.job.error is not None), None)
-            means = []
+            self.engine.wait(census)
+            jobs = (self.check, *(bucket.job for bucket in self.buckets), census)
+            error = next((job.error for job in jobs if job.error is not None), None)
+            means = flags = anywhere = None
             if error is None:
+                table = np.rint(census.result * size).astype(np.int64)
+                flags, anywhere = table[:size], table[size:] > 0
+                means = []
                 for bucket in self.buckets:
                     result = from_array(bucket.job.result, like=bucket.flat)
                     for i in bucket.members:
@@ -221,5 +248,35 @@ class MomentumReducer(BucketHooks):
             self.reset()
         if error is not None:
             raise error
-        return means
+        return means, flags, anywhere
 
+
+def _check_number(name, value, low, high=float("inf"), high_open=False):
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value \
+        and (value < high if high_open else value <= high)
+    if not ok:
+        raise ValueError(f"{name} must be a number in [{low}, {high}{')' if high_open else ']'}, "
+                         f"got {value!r}")
+
+
+def check_adam_group(group):
+    """Validate one parameter group of Adam's hyperparameters.
+
+    Parameters
+    ----------
+    group : dict
+        ``lr``, ``betas``, ``eps`` and ``weight_decay``.
+
+    Raises
+    ------
+    ValueError
+        Saying what is accepted.
+    """
+    _check_number("lr", group["lr"], 0.0)
+    betas = group["betas"]
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+    _check_number("betas[0]", betas[0], 0.0, 1.0, high_open=True)
+    _check_number("betas[1]", betas[1], 0.0, 1.0, high_open=True)
+    _check_number("eps", group["eps"], 0.0)
+    _check_number("weight_decay", group["weight_decay"], 0.0)

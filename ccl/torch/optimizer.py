@@ -207,7 +207,8 @@ class _DistributedMixin:
 
         A state without a ``"ccl"`` entry (e.g. from a plain optimizer) keeps
         the current residuals. Residuals saved by another rank (or at another
-        size) are not loaded: they start from zero, with a warning.
+        size) are not loaded: they start from zero, with a warning, while the
+        steps are kept (loading rank 0's checkpoint on every rank works).
 
         Parameters
         ----------
@@ -228,10 +229,8 @@ class _DistributedMixin:
         ccl_state = state_dict.pop("ccl", None)
         own = ccl_state is not None and self._ccl.check_state(ccl_state)
         super().load_state_dict(state_dict)
-        if own:
-            self._ccl.load_state_dict(ccl_state)
-        elif ccl_state is not None:
-            self._ccl.reset_residuals()
+        if ccl_state is not None:
+            self._ccl.load_state_dict(ccl_state, own)
 
     def communication_stats(self):
         """Counters of this rank: buckets, reductions started, payload bytes sent.

@@ -22,7 +22,7 @@ from mpi4py import MPI
 from ..agreement import agree
 from .buckets import work_dtype
 from .engine import Engine, Job, release
-from .functions import from_array, to_array, to_numpy_tree, to_torch_tree
+from .functions import from_array, load_steps, to_array, to_numpy_tree, to_torch_tree
 from .hooks import BucketHooks
 
 __all__ = ["Reducer", "STATE_VERSION"]
@@ -57,6 +57,7 @@ class Reducer(BucketHooks):
         # partitions with their own residuals (the Communicator's partition_bytes).
         self.engine = Engine(runtime, plan.codec, plan.algorithm, plan.op, min_compress_bytes=0,
                              lr_corrected=plan.lr_corrected)
+        self.engine.what = "DistributedOptimizer"
         self.optimizer = None  # a weak reference to the wrapped optimizer (lr-corrected EF)
         self.comm = runtime.comm  # this thread's: the gradient census of synchronize()
         self.lock = threading.RLock()
@@ -138,7 +139,7 @@ class Reducer(BucketHooks):
     def launch(self, bucket):
         bucket.job = Job(to_array(bucket.flat), bucket.key, bucket.codec, bucket.algorithm,
                          lr=self.lr_of(bucket))
-        self.engine.submit(bucket.job)
+        self.submit(bucket.job)
 
     def lr_of(self, bucket):
         """The lr of the group of the bucket's first parameter (lr-corrected EF), or None."""
@@ -153,6 +154,14 @@ class Reducer(BucketHooks):
     # ----------------------------------------------------------- synchronize
     def synchronize(self):
         with self.lock:
+            try:  # before the census: ranks at other steps (or shut down) never reach it
+                self.engine.check_passed(self.step_check())
+            except Exception:
+                for bucket in self.buckets:  # the step's other jobs skip their collective
+                    if bucket.job is not None:
+                        self.engine.wait(bucket.job)
+                self.reset()
+                raise
             anywhere = self._gradients_anywhere()
             for b in range(self.next_launch, len(self.buckets)):
                 bucket = self.buckets[b]
@@ -169,6 +178,7 @@ class Reducer(BucketHooks):
             error = next((b.job.error for b in launched if b.job.error is not None), None)
             if error is None:
                 self._write_back(launched, anywhere)
+                self.engine.steps += 1
             self.reset()
         if error is not None:
             raise error
@@ -203,7 +213,7 @@ class Reducer(BucketHooks):
     # ----------------------------------------------------------------- state
     def state_dict(self):
         return {"version": STATE_VERSION, "rank": self.rank, "size": self.size,
-                "buckets": self.layout_hash,
+                "buckets": self.layout_hash, "steps": self.engine.steps,
                 "communicator": to_torch_tree(self.engine.communicator.state_dict())}
 
     def check_state(self, state):
@@ -228,14 +238,16 @@ class Reducer(BucketHooks):
         if (saved_rank, saved_size) != (self.rank, self.size):
             warnings.warn(f"error-feedback residuals saved by rank {saved_rank} of "
                           f"{saved_size} are not loaded on rank {self.rank} of {self.size} "
-                          "(they are per rank): residuals start from zero. Save "
+                          "(they are per rank): residuals start from zero, steps are kept. Save "
                           "optimizer.state_dict() on every rank to keep them.", stacklevel=3)
             return False
         return True
 
-    def load_state_dict(self, state):
-        self.engine.communicator.load_state_dict(to_numpy_tree(state["communicator"]))
-
-    def reset_residuals(self):
-        self.engine.communicator.feedback.load_state_dict({})
+    def load_state_dict(self, state, own=True):
+        """Load a checked state: its steps, and its residuals if ``own`` (this rank's)."""
+        if own:
+            self.engine.communicator.load_state_dict(to_numpy_tree(state["communicator"]))
+        else:  # another rank's: the keys' steps (the same on every rank), zero residuals
+            load_steps(self.engine.communicator, state["communicator"])
+        self.engine.steps = int(state.get("steps", self.engine.steps))
 

@@ -17,6 +17,7 @@ import threading
 
 from mpi4py import MPI
 
+from ..errors import MismatchError
 from ..launch import node_comm
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -77,12 +78,18 @@ class _Runtime:
             engine.join(timeout)
 
     def free(self):
+        error = None
         for number in sorted(self.engines):
-            self.engines[number].close()
+            try:
+                self.engines[number].close()
+            except MismatchError as exc:  # other ranks still step: raised once all is freed
+                error = error or exc
         self.engines.clear()
         for c in (self.cross, self.local, self.comm):
             if c != MPI.COMM_NULL and not MPI.Is_finalized():
                 c.Free()
+        if error is not None:
+            raise error
 
 
 _LOCK = threading.Lock()
@@ -138,6 +145,13 @@ def shutdown():
     ``MPI.Finalize()`` it makes no MPI call (MPI has released every
     communicator already): it only stops the background threads and forgets
     the runtime.
+
+    Raises
+    ------
+    ccl.MismatchError
+        If other ranks are starting another step of an optimizer or DDP hook
+        instead (they took more steps than this rank): they raise it too,
+        naming the ranks, instead of waiting forever. Everything is freed.
 
     Examples
     --------
