@@ -32,7 +32,7 @@ from .agreement import agree
 from .launch import check_launch, node_comm
 from .waits import POLL_SLEEP_MAX_S, POLL_SPIN_S, Waiting, stall_period, wait_for
 
-__all__ = ["Channel", "channel", "comm_cache", "POLL_SPIN_S", "POLL_SLEEP_MAX_S"]
+__all__ = ["Channel", "channel", "comm_cache", "private_duplicate", "POLL_SPIN_S", "POLL_SLEEP_MAX_S"]
 
 _BYTE = MPI.BYTE
 _KEYVAL = None
@@ -77,7 +77,7 @@ class Channel(Waiting):
     """
 
     def __init__(self, comm, duplicate=True, scope=None):
-        self.comm = _duplicate(comm) if duplicate else comm
+        self.comm = private_duplicate(comm) if duplicate else comm
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.calls = 0
@@ -437,13 +437,23 @@ def channel(comm):
     return ch
 
 
-def _duplicate(comm):
-    """The private duplicate of ``comm`` (collective), after every rank checked its variables.
+def private_duplicate(comm):
+    """A private duplicate of ``comm`` (collective), after every rank checked its variables.
 
     Every ``CCL_*`` variable is parsed first and the ranks agree on the
     outcome, so a bad value on one rank raises on every rank (before, the
     others would wait in the duplication forever). Both waits honour
     ``CCL_TIMEOUT``.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+        The user's communicator.
+
+    Returns
+    -------
+    mpi4py.MPI.Intracomm
+        Its duplicate (the caller frees it).
     """
     error = config.check_environment()
     try:

@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 from ..errors import MismatchError
 from ..launch import node_comm
+from ..transport import private_duplicate
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "cross_rank", "cross_size", "threads_supported"]
@@ -29,7 +30,7 @@ class _Runtime:
 
     def __init__(self, comm):
         self.user_comm = comm
-        self.comm = comm.Dup()
+        self.comm = private_duplicate(comm)  # its waits honour CCL_TIMEOUT
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         # ranks that share memory (or CCL_LOCAL_SIZE's blocks) form a node, in rank order
