@@ -69,8 +69,6 @@ def test_optimizer_says_auto_sent_buckets_plain_on_one_node(comm):
 
 def test_optimizer_says_what_it_compressed(comm):
     stats = _stats_after_steps(comm, "direct")
-    # every bucket ran direct; the per-step check of the ranks' steps is one MPI call a step
-    assert stats["decisions"]["direct"] == {"given": stats["reductions"]}
-    assert set(stats["decisions"]) <= {"direct", "mpi"}
+    assert stats["decisions"] == {"direct": {"given": stats["reductions"]}}
     if comm.size > 1:
-        assert stats["bytes_compressed"] > stats["bytes_plain"] > 0
+        assert stats["bytes_compressed"] > 0 and stats["bytes_plain"] == 0

@@ -14,10 +14,11 @@ from mpi4py import MPI
 
 from ..api import Communicator
 from ..errors import MismatchError
+from ..transport import channel
 from .runtime import threads_supported
 
-__all__ = ["Job", "Census", "StepCheck", "Engine", "release", "check_step", "STEP", "CLOSE",
-           "decision_stats"]
+__all__ = ["Job", "Census", "StepCheck", "Engine", "release", "check_step", "exact_sum",
+           "STEP", "CLOSE", "decision_stats"]
 
 #: What a rank does in a step check: starts a step, or frees its engine (shutdown).
 STEP, CLOSE = 1, 2
@@ -47,8 +48,7 @@ class Job:
                 raise self.gate.error
             if self.lr is not None:  # lr-corrected error feedback, on the thread that reduces
                 communicator.set_lr(self.lr)
-            self.result = communicator.allreduce(self.x, key=self.key, codec=self.codec,
-                                                 algorithm=self.algorithm)
+            self.result = self.reduce(communicator)
         except BaseException as exc:  # handed to the thread that waits for the job
             self.error = exc
         finally:
@@ -56,12 +56,44 @@ class Job:
         if self.on_done is not None:
             self.on_done(self)
 
+    def reduce(self, communicator):
+        """The job's collective: a keyed allreduce of ``communicator``."""
+        return communicator.allreduce(self.x, key=self.key, codec=self.codec,
+                                      algorithm=self.algorithm)
+
 
 class Census(Job):
-    """A small exact reduction of the step's bookkeeping (not counted as a reduction)."""
+    """A small exact mean of the step's bookkeeping (not a reduction, nor a call in stats)."""
 
     __slots__ = ()
     counted = False
+
+    def reduce(self, communicator):
+        """The MPI library's exact mean of ``x`` over the ranks."""
+        return exact_sum(communicator, self.x, "the step's bookkeeping") / communicator.size
+
+
+def exact_sum(communicator, row, what):
+    """The MPI library's exact sum of a float64 ``row`` on ``communicator``'s channel.
+
+    Bookkeeping, not data: it is not counted in ``communicator.stats()``, and
+    its wait honours the timeout (collective).
+
+    Parameters
+    ----------
+    communicator : ccl.Communicator
+    row : numpy.ndarray
+        float64.
+    what : str
+        What the ranks wait for, for a timeout's report.
+
+    Returns
+    -------
+    numpy.ndarray
+    """
+    ch, out = channel(communicator.comm), np.empty_like(row)
+    ch.wait(ch.comm.Iallreduce(row, out, op=MPI.SUM), what)
+    return out
 
 
 class StepCheck(Job):
@@ -123,7 +155,7 @@ def check_step(communicator, what, kind, number):
     row[rank], row[size + rank] = kind, number
     # The MPI library's exact Allreduce: the ranks' rows are disjoint, so the sum is the
     # table of every rank's (kind, step), the same on every rank.
-    table = communicator.allreduce(row, op="sum", codec="none", algorithm="mpi")
+    table = exact_sum(communicator, row, f"every rank's step ({what})")
     kinds, numbers = np.rint(table[:size]).astype(int), np.rint(table[size:]).astype(int)
     closing = [r for r in range(size) if kinds[r] == CLOSE]
     stepping = [r for r in range(size) if kinds[r] == STEP]
