@@ -89,7 +89,10 @@ def submit(kind, name, process_set, work, error=None, post=None):
             _AUTO_NAMES[key] += 1
         flight = (process_set.process_set_id, str(name))
         duplicate = _IN_FLIGHT[flight] > 0
-        _IN_FLIGHT[flight] += 1
+        if duplicate:
+            flight = None  # the name stays the first call's
+        else:
+            _IN_FLIGHT[flight] += 1
     if duplicate:
         error = ValueError(f"a collective named {name!r} is in flight already: names of "
                            "concurrent collectives must differ")

@@ -92,7 +92,8 @@ class OpsEngine(Engine):
     """The thread of ``ccl.torch``'s tensor collectives, and the communicators of its sets."""
 
     def __init__(self, runtime):
-        super().__init__(runtime, None, "auto", "sum")
+        # a codec given as compression= compresses whatever the size: the user chose it
+        super().__init__(runtime, None, "auto", "sum", min_compress_bytes=0)
         self.sets = {0: global_process_set}
         global_process_set.ranks = list(range(runtime.size))
         global_process_set._comm = self.comm
@@ -227,7 +228,7 @@ def add_process_set(process_set):
         set_id, engine.next_id = engine.next_id, engine.next_id + 1
     if member:
         process_set._comm = sub
-        process_set._communicator = Communicator(sub)
+        process_set._communicator = Communicator(sub, min_compress_bytes=0)
     process_set.process_set_id = set_id
     engine.sets[set_id] = process_set
     return process_set

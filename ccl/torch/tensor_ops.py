@@ -8,7 +8,9 @@ every rank raise instead of hang), then moves the data with the MPI
 library's own collectives: reductions in the tensor's dtype (float16 and
 bfloat16 in float32, then rounded once), everything else as raw bytes, so
 results are exact. A ccl codec given as ``compression=`` goes through the
-set's :class:`ccl.Communicator` instead, with error feedback kept per name.
+set's :class:`ccl.Communicator` instead, always compressed (on the algorithm
+that fits the codec, :func:`ccl.collectives.auto.fitting`), with error
+feedback kept per name.
 """
 
 import numpy as np
@@ -16,6 +18,7 @@ import torch
 from mpi4py import MPI
 
 from ..agreement import agree
+from ..collectives.auto import fitting
 from ..errors import MismatchError
 
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "OP_NAMES",
@@ -99,7 +102,7 @@ def allreduce(process_set, tensors, op, name, prescale, postscale, codec, error)
         for i, tensor in enumerate(tensors):
             x = _scale(_work(tensor), prescale).numpy()
             y = process_set._communicator.allreduce(x, key=f"{name}.{i}", codec=codec,
-                                                    op="sum")
+                                                    op="sum", algorithm=fitting(codec))
             out = _scale(torch.from_numpy(np.array(y)).reshape(tensor.shape), post)
             results.append(out.to(tensor.device, tensor.dtype))
         return results
@@ -204,7 +207,8 @@ def reducescatter(process_set, tensors, op, name, prescale, postscale, codec, er
         buf = _scale(_work(t), prescale)
         if codec is not None:
             full = process_set._communicator.allreduce(buf.numpy(), key=f"{name}.{i}",
-                                                       codec=codec, op="sum")
+                                                       codec=codec, op="sum",
+                                                       algorithm=fitting(codec))
             out = torch.from_numpy(np.array(full)).reshape(t.shape)[start:start + rows[me]]
             out = out.clone()
         else:
