@@ -20,7 +20,6 @@ __all__ = ["Op", "submit", "synchronize", "poll", "wait_all"]
 _LOCK = threading.Lock()
 _HANDLES = {}
 _IN_FLIGHT = collections.Counter()
-_AUTO_NAMES = collections.Counter()
 _NEXT = itertools.count(1)
 
 
@@ -85,8 +84,8 @@ def submit(kind, name, process_set, work, error=None, post=None):
     with _LOCK:
         if name is None:
             key = (kind, process_set.process_set_id)
-            name = f"{kind}.noname.{_AUTO_NAMES[key]}"
-            _AUTO_NAMES[key] += 1
+            name = f"{kind}.noname.{engine.auto_names[key]}"
+            engine.auto_names[key] += 1
         flight = (process_set.process_set_id, str(name))
         duplicate = _IN_FLIGHT[flight] > 0
         if duplicate:

@@ -11,6 +11,7 @@ same order (Horovod negotiates the order by name; ccl checks, by name, that
 the orders match and raises on every rank of the set when they do not).
 """
 
+import collections
 import threading
 
 from mpi4py import MPI
@@ -53,11 +54,18 @@ class ProcessSet:
             self.mpi_comm = None
 
     def _resolve(self, runtime):
-        """Turn a communicator into global ranks (collective over that communicator)."""
+        """Turn a communicator into global ranks (its group translated, no communication)."""
         if self.mpi_comm is not None and self.ranks is None:
-            mine = runtime.rank if self.mpi_comm != MPI.COMM_NULL else -1
-            ranks = runtime.comm.allgather((self.mpi_comm != MPI.COMM_NULL, mine))
-            self.ranks = sorted(r for inside, r in ranks if inside)
+            if self.mpi_comm == MPI.COMM_NULL:
+                raise ValueError("ProcessSet(comm) needs a communicator, not MPI.COMM_NULL")
+            group, ours = self.mpi_comm.Get_group(), runtime.comm.Get_group()
+            ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), ours)
+            group.Free()
+            ours.Free()
+            if any(r == MPI.UNDEFINED for r in ranks):
+                raise ValueError("ProcessSet(comm): the communicator holds ranks outside "
+                                 "ccl.torch's communicator")
+            self.ranks = sorted(ranks)
 
     def included(self):
         """Whether this rank belongs to the set."""
@@ -100,6 +108,9 @@ class OpsEngine(Engine):
         global_process_set._communicator = self.communicator
         self.next_id = 1
         self.lock = threading.Lock()
+        # generated names per (kind, set id): the same on every rank of a set that makes
+        # the same calls (set ids are never reused within one runtime)
+        self.auto_names = collections.Counter()
 
     def drain(self):
         """Wait until every collective submitted so far is done."""
@@ -212,9 +223,16 @@ def add_process_set(process_set):
     engine = ops_engine()
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
-    process_set._resolve(runtime)
-    ranks, error = process_set.ranks, None
-    if not ranks or not all(0 <= r < runtime.size for r in ranks) or len(set(ranks)) != len(ranks):
+    ranks, error = None, None
+    try:
+        process_set._resolve(runtime)
+        ranks = process_set.ranks
+    except ValueError as exc:
+        error = exc
+    valid = bool(ranks) and all(0 <= r < runtime.size for r in ranks)
+    if error is not None:
+        pass
+    elif not valid or len(set(ranks)) != len(ranks):
         error = ValueError(f"a process set holds distinct ranks in [0, {runtime.size}), "
                            f"got {ranks}")
     elif process_set.process_set_id is not None:
