@@ -17,6 +17,8 @@ import numbers
 import torch
 
 from ..agreement import agree
+from ..codecs import get_codec
+from ..collectives.auto import fitting
 from .compression import Compression, FP16Compressor, resolve_codec
 from .optimizer import DEFAULT_FUSION_THRESHOLD_BYTES
 from .optimizer import DistributedOptimizer as _ccl_distributed_optimizer
@@ -74,8 +76,10 @@ def _codec_of(compression, codec):
             raise ValueError("give compression= or codec=, not both")
         return codec
     if compression is FP16Compressor or isinstance(compression, FP16Compressor):
-        return "fp16"
+        return get_codec("fp16")
     resolved, compressor = resolve_codec(compression)
+    if resolved is not None and resolved.codec_id == "none":
+        return None
     if compressor is not None and compressor is not Compression.none:
         raise TypeError("DistributedOptimizer takes hvd.Compression.none, hvd.Compression.fp16 "
                         "or a ccl codec (hvd.Compression.codec(...)); a custom compressor "
@@ -105,7 +109,7 @@ def _check_groups(num_groups, groups):
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set, *, codec=None, algorithm="auto",
+                         process_set=global_process_set, *, codec=None, algorithm=None,
                          fusion_threshold_bytes=DEFAULT_FUSION_THRESHOLD_BYTES,
                          min_compress_bytes=_DEFAULT_MIN_COMPRESS, lr_corrected=False):
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks (collective).
@@ -137,9 +141,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     process_set : ProcessSet
         Only the global set.
     codec, algorithm, fusion_threshold_bytes, min_compress_bytes, lr_corrected
-        ccl's options (``codec`` instead of ``compression``). With a codec
-        from ``compression=`` and no ``min_compress_bytes``, every bucket is
-        compressed (``min_compress_bytes=0``), as Horovod compresses every tensor.
+        ccl's options (``codec`` instead of ``compression``). A codec from
+        ``compression=`` compresses every bucket, as Horovod compresses every
+        tensor: by default ``min_compress_bytes=0`` and the algorithm that
+        fits the codec (``ccl.collectives.auto.fitting``); a ``codec=``
+        keeps ccl's defaults (``algorithm="auto"`` compresses where it pays).
 
     Returns
     -------
@@ -189,6 +195,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         options["min_compress_bytes"] = min_compress_bytes
     elif codec is None and resolved is not None:
         options["min_compress_bytes"] = 0
+    if algorithm is None:
+        # compression= is Horovod's: every tensor is compressed, on the algorithm that fits
+        # the codec; codec= is ccl's: "auto" compresses where it pays at the link speed
+        algorithm = fitting(resolved) if resolved is not None and codec is None else "auto"
     wrapped = _ccl_distributed_optimizer(
         optimizer, named_parameters=named_parameters, codec=resolved, algorithm=algorithm,
         backward_passes_per_step=backward_passes_per_step, op=reduce_op,

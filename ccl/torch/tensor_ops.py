@@ -9,7 +9,7 @@ library's own collectives: reductions in the tensor's dtype (float16 and
 bfloat16 in float32, then rounded once), everything else as raw bytes, so
 results are exact. A ccl codec given as ``compression=`` goes through the
 set's :class:`ccl.Communicator` instead, always compressed (on the algorithm
-that fits the codec, :func:`ccl.collectives.auto.fitting`), with error
+that fits the codec, ``ccl.collectives.auto.fitting``), with error
 feedback kept per name.
 """
 
