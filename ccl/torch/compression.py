@@ -100,7 +100,13 @@ class CodecCompressor(Compressor):
 
 
 class Compression:
-    """The compressions ``compression=`` takes, as in Horovod, plus ccl's codecs."""
+    """The compressions ``compression=`` takes, as in Horovod, plus ccl's codecs.
+
+    ``Compression.none`` sends tensors as they are; ``Compression.fp16``
+    casts floating-point tensors to float16 for the collective and back
+    after it (Horovod's ``compress``/``decompress`` interface);
+    :meth:`codec` makes any ccl codec a compression.
+    """
 
     #: No compression.
     none = NoneCompressor

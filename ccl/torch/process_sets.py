@@ -166,7 +166,7 @@ def init(comm=None, process_sets=None):
     Raises
     ------
     TypeError, ValueError
-        As :func:`ccl.torch.runtime.init`, and for bad process sets.
+        As ``ccl.torch.runtime.init``, and for bad process sets.
 
     Examples
     --------
