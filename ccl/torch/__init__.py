@@ -25,22 +25,23 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from . import elastic
 from .adam import CompressedAdam
-from .autograd import (allgather, allreduce, allreduce_, alltoall, broadcast, broadcast_,
-                       grouped_allgather, grouped_allreduce, grouped_allreduce_,
+from .autograd import (allreduce, allreduce_, grouped_allreduce, grouped_allreduce_,
                        grouped_reducescatter, reducescatter)
+from .autograd_movement import allgather, alltoall, broadcast, broadcast_, grouped_allgather
 from .basics import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,
                      is_homogeneous, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
                      rocm_built)
-from .collectives import (allgather_async, allreduce_async, allreduce_async_, alltoall_async,
-                          barrier, broadcast_async, broadcast_async_, grouped_allgather_async,
-                          grouped_allreduce_async, grouped_allreduce_async_,
-                          grouped_reducescatter_async, join, reducescatter_async)
+from .collectives import (allreduce_async, allreduce_async_, grouped_allreduce_async,
+                          grouped_allreduce_async_, grouped_reducescatter_async,
+                          reducescatter_async)
 from .compression import Compression
 from .ddp import ddp_comm_hook
 from .handles import poll, synchronize
 from .horovod_functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                 broadcast_parameters)
 from .horovod_optimizer import DistributedOptimizer
+from .movement import (allgather_async, alltoall_async, barrier, broadcast_async,
+                       broadcast_async_, grouped_allgather_async, join)
 from .optimizer import DEFAULT_FUSION_THRESHOLD_BYTES
 from .process_sets import (ProcessSet, add_process_set, global_process_set, init,
                            remove_process_set)

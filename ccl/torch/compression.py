@@ -106,6 +106,16 @@ class Compression:
     casts floating-point tensors to float16 for the collective and back
     after it (Horovod's ``compress``/``decompress`` interface);
     :meth:`codec` makes any ccl codec a compression.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from ccl.torch import Compression
+    >>> t, ctx = Compression.fp16.compress(torch.ones(2))
+    >>> t.dtype, Compression.fp16.decompress(t, ctx).dtype
+    (torch.float16, torch.float32)
+    >>> Compression.codec("topk").codec.codec_id
+    'topk'
     """
 
     #: No compression.

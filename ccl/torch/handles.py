@@ -161,6 +161,16 @@ def poll(handle):
     -------
     bool
         True once the collective finished (successfully or not).
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as hvd
+    >>> hvd.init()
+    >>> h = hvd.allreduce_async(torch.ones(1))
+    >>> hvd.poll(h) in (True, False)
+    True
+    >>> hvd.synchronize(h).item()
+    1.0
     """
     with _LOCK:
         op = _HANDLES.get(handle)

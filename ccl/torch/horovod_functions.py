@@ -34,20 +34,29 @@ def _on_set(kind, name, process_set, fields, move, error=None):
 
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):
-    """Overwrite ``params`` (a state dict, named parameters or tensors) with root's (collective).
+    """Overwrite ``params`` with root's values, in place (collective).
 
     Parameters
     ----------
     params : dict or iterable
-        ``model.state_dict()``, ``model.named_parameters()`` or a list of tensors.
+        ``model.state_dict()``, ``model.named_parameters()`` or a list of
+        tensors; the same names, shapes and dtypes on every rank of the set.
     root_rank : int
         The (global) rank whose values every rank of the set gets.
     process_set : ProcessSet
-        The ranks taking part (default: all).
+        The ranks taking part (default: every rank).
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as hvd
+    >>> hvd.init()
+    >>> model = torch.nn.Linear(2, 1)
+    >>> hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     """
     if _is_global(process_set):
-        return functions.broadcast_parameters(params, root_rank=root_rank)
-    from .autograd import broadcast_
+        functions.broadcast_parameters(params, root_rank=root_rank)
+        return
+    from .autograd_movement import broadcast_
 
     if isinstance(params, dict):
         items = sorted(params.items(), key=lambda kv: str(kv[0]))
@@ -56,27 +65,44 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     for name, tensor in items:
         broadcast_(tensor.data, root_rank, name=f"broadcast_parameters.{name}",
                    process_set=process_set)
-    return None
 
 
 def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
-    """Give every rank of the set root's optimizer state and hyperparameters (collective).
+    """Give every rank root's optimizer state and hyperparameters (collective).
 
-    Only the global set is supported (optimizer state is the whole job's).
+    Parameters
+    ----------
+    optimizer : torch.optim.Optimizer
+        The same kind of optimizer over the same parameter shapes on every rank.
+    root_rank : int
+        The rank whose state every rank gets.
+    process_set : ProcessSet
+        Only the global set (optimizer state is the whole job's).
 
     Raises
     ------
     NotImplementedError
         For another process set.
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as hvd
+    >>> hvd.init()
+    >>> opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1 * (hvd.rank() + 1))
+    >>> hvd.broadcast_optimizer_state(opt, root_rank=0)
+    >>> opt.param_groups[0]["lr"]
+    0.1
     """
     if not _is_global(process_set):
         raise NotImplementedError("broadcast_optimizer_state runs on the global process set "
                                   "only in ccl.torch")
-    return functions.broadcast_optimizer_state(optimizer, root_rank=root_rank)
+    functions.broadcast_optimizer_state(optimizer, root_rank=root_rank)
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Return root's ``obj`` on every rank of the set (collective; pickled, trusted peers only).
+    """Return root's ``obj`` on every rank of the set (collective; pickled).
+
+    Unpickles what root sends: use it between ranks of one trusted job only.
 
     Parameters
     ----------
@@ -87,7 +113,19 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     name : str, optional
         Names the collective.
     process_set : ProcessSet
-        The ranks taking part (default: all).
+        The ranks taking part (default: every rank).
+
+    Returns
+    -------
+    object
+        Root's ``obj``.
+
+    Examples
+    --------
+    >>> import ccl.torch as hvd
+    >>> hvd.init()
+    >>> hvd.broadcast_object({"epoch": 3} if hvd.rank() == 0 else None, root_rank=0)
+    {'epoch': 3}
     """
     if _is_global(process_set):
         return functions.broadcast_object(obj, root_rank=root_rank)
@@ -112,7 +150,19 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     name : str, optional
         Names the collective.
     process_set : ProcessSet
-        The ranks taking part (default: all).
+        The ranks taking part (default: every rank).
+
+    Returns
+    -------
+    list
+        One object per rank of the set.
+
+    Examples
+    --------
+    >>> import ccl.torch as hvd
+    >>> hvd.init()
+    >>> hvd.allgather_object(hvd.rank()) == list(range(hvd.size()))
+    True
     """
     if _is_global(process_set):
         return functions.allgather_object(obj)

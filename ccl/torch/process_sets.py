@@ -68,7 +68,13 @@ class ProcessSet:
             self.ranks = sorted(ranks)
 
     def included(self):
-        """Whether this rank belongs to the set."""
+        """Whether this rank belongs to the set.
+
+        Returns
+        -------
+        bool
+            True for members.
+        """
         return _runtime.current().rank in self._members()
 
     def _members(self):
@@ -77,13 +83,25 @@ class ProcessSet:
         return self.ranks or []
 
     def rank(self):
-        """This rank's index in the set (-1 when it is not a member)."""
+        """This rank's index in the set.
+
+        Returns
+        -------
+        int
+            0 to ``size() - 1``; -1 when this rank is not a member.
+        """
         members = list(self._members())
         me = _runtime.current().rank
         return members.index(me) if me in members else -1
 
     def size(self):
-        """Number of ranks in the set."""
+        """Number of ranks in the set.
+
+        Returns
+        -------
+        int
+            The set's size.
+        """
         return len(self._members())
 
     def __repr__(self):
@@ -266,6 +284,14 @@ def remove_process_set(process_set):
     -------
     bool
         True if it was removed, False if it was not registered (or is the global set).
+
+    Examples
+    --------
+    >>> import ccl.torch as hvd
+    >>> hvd.init()
+    >>> first = hvd.add_process_set([0])
+    >>> hvd.remove_process_set(first), hvd.remove_process_set(first)
+    (True, False)
     """
     runtime = _runtime.current()
     engine = ops_engine()

@@ -43,6 +43,12 @@ class HorovodInternalError(RuntimeError):
     Horovod raises a ``RuntimeError`` in that case; so does ``ccl.torch``
     (the cause, a :class:`ccl.MismatchError` or the rank's own error, is
     chained).
+
+    Examples
+    --------
+    >>> from ccl.torch import HorovodInternalError
+    >>> issubclass(HorovodInternalError, RuntimeError)
+    True
     """
 
 
