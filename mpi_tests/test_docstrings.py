@@ -39,7 +39,7 @@ WITH_EXAMPLE = ALWAYS | {"EX01"}
 TORCH_MODULES = ["ccl.torch.runtime", "ccl.torch.functions", "ccl.torch.buckets", "ccl.torch.ddp",
                  "ccl.torch.optimizer", "ccl.torch.adam", "ccl.torch.compression",
                  "ccl.torch.collectives", "ccl.torch.autograd", "ccl.torch.handles",
-                 "ccl.torch.movement", "ccl.torch.autograd_movement",
+                 "ccl.torch.movement", "ccl.torch.autograd_movement", "ccl.torch.adasum",
                  "ccl.torch.process_sets", "ccl.torch.basics", "ccl.torch.horovod_optimizer",
                  "ccl.torch.horovod_functions", "ccl.torch.tensor_ops"]
 DOCTEST_MODULES = [

@@ -277,8 +277,10 @@ def test_bad_arguments_raise_on_every_rank(hvd):
         hvd.broadcast(torch.ones(2), root_rank=size)
     with pytest.raises(TypeError, match="complex"):
         hvd.allreduce(torch.ones(2, dtype=torch.complex64))
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
+    with pytest.raises(TypeError, match="Adasum"):
+        hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="op="):
+        hvd.reducescatter(torch.ones(2), op=hvd.Adasum)
     with pytest.raises(ValueError, match="op="):
         hvd.allreduce(torch.ones(2), op=hvd.Sum, average=True)
     with pytest.raises(TypeError, match="compression"):

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from . import tensor_ops
+from .adasum import check_size
 from .compression import resolve_codec
 from .handles import submit
 from .process_sets import global_process_set
@@ -59,12 +60,15 @@ def capture_error(check):
     return None
 
 
-def _reduce_checks(tensors, op, codec, what):
+def _reduce_checks(tensors, op, codec, what, size):
     for t in tensors:
         check_tensor(t, what, DTYPES)
     if op == Adasum:
-        raise NotImplementedError("op=hvd.Adasum is not available in ccl.torch yet: use "
-                                  "hvd.Average, or a ccl codec as compression=")
+        if codec is not None:
+            raise ValueError("op=hvd.Adasum does not take a ccl codec as compression=")
+        if not all(t.dtype.is_floating_point for t in tensors):
+            raise TypeError("op=hvd.Adasum reduces floating-point tensors only")
+        check_size(size)
     if codec is not None:
         if op not in (Sum, Average):
             raise ValueError("a ccl codec as compression= reduces with hvd.Sum or hvd.Average")
@@ -264,7 +268,7 @@ def _allreduce_any(tensors, average, name, op, prescale, postscale, process_set,
         resolved = resolve_op(op, average)
         if compression is not None:
             codec, _ = resolve_codec(compression)
-        _reduce_checks(tensors, resolved, codec, kind)
+        _reduce_checks(tensors, resolved, codec, kind, process_set.size())
 
     error = capture_error(check)
     return _allreduce_handle(kind, tensors, name, resolved, prescale, postscale, process_set,
@@ -356,10 +360,10 @@ def _reducescatter_any(tensors, name, compression, op, process_set, prescale, po
 
     def check():
         nonlocal codec
-        resolve_op(op)
+        resolve_op(op, allowed=(Average, Sum, Min, Max, Product))
         if compression is not None:
             codec, _ = resolve_codec(compression)
-        _reduce_checks(tensors, op, codec, kind)
+        _reduce_checks(tensors, op, codec, kind, process_set.size())
         if any(t.dim() == 0 for t in tensors):
             raise ValueError(f"{kind} takes tensors of at least one dimension")
 

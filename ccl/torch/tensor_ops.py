@@ -20,6 +20,7 @@ from mpi4py import MPI
 from ..agreement import agree
 from ..collectives.auto import fitting
 from ..errors import MismatchError
+from .adasum import adasum_allreduce
 
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "OP_NAMES",
            "HorovodInternalError", "allreduce", "allgather", "broadcast", "alltoall",
@@ -110,6 +111,14 @@ def allreduce(process_set, tensors, op, name, prescale, postscale, codec, error)
             y = process_set._communicator.allreduce(x, key=f"{name}.{i}", codec=codec,
                                                     op="sum", algorithm=fitting(codec))
             out = _scale(torch.from_numpy(np.array(y)).reshape(tensor.shape), post)
+            results.append(out.to(tensor.device, tensor.dtype))
+        return results
+    if op == Adasum:  # per tensor, as Horovod: each gets its own dot products
+        results = []
+        for tensor in tensors:
+            x = _scale(tensor.detach().to("cpu", torch.float64).clone(), prescale)
+            y = adasum_allreduce(process_set._comm, x.reshape(-1).numpy())
+            out = _scale(torch.from_numpy(y).reshape(tensor.shape), postscale)
             results.append(out.to(tensor.device, tensor.dtype))
         return results
     # one MPI_Allreduce per compute dtype: the tensors of a group travel fused
