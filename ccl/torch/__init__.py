@@ -45,6 +45,7 @@ from .movement import (allgather_async, alltoall_async, barrier, broadcast_async
 from .optimizer import DEFAULT_FUSION_THRESHOLD_BYTES
 from .process_sets import (ProcessSet, add_process_set, global_process_set, init,
                            remove_process_set)
+from .sync_batch_norm import SyncBatchNorm
 from .runtime import (cross_rank, cross_size, is_initialized, local_rank, local_size, rank,
                       shutdown, size, threads_supported)
 from .tensor_ops import Adasum, Average, HorovodInternalError, Max, Min, Product, Sum
@@ -69,4 +70,5 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async",
     "synchronize", "poll", "join", "barrier",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "elastic",
+    "SyncBatchNorm",
 ]
