@@ -201,3 +201,26 @@ def test_codec_keyword_keeps_ccl_defaults(hvd, comm):
     reference = reference_weights(comm, hvd.rank())
     for got, want in zip(weights(model), reference):
         assert (got - want).abs().max().item() < 1e-2
+
+
+def test_sparse_as_dense(hvd, comm):
+    """An embedding with sparse gradients trains as with dense ones, averaged exactly."""
+    def run(sparse):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(10, 4, sparse=sparse)
+        opt = torch.optim.SGD(emb.parameters(), lr=0.5)
+        if sparse:
+            opt = hvd.DistributedOptimizer(opt, named_parameters=emb.named_parameters(),
+                                           sparse_as_dense=True)
+        for step in range(3):
+            opt.zero_grad()
+            ids = torch.tensor([(hvd.rank() + step) % 10, 3])
+            emb(ids).sum().backward()
+            if not sparse:  # the reference: MPI's sum of the dense gradients, / size
+                total = np.empty(emb.weight.numel(), dtype=np.float32)
+                comm.Allreduce(emb.weight.grad.numpy().ravel(), total, op=MPI.SUM)
+                emb.weight.grad.copy_(torch.from_numpy(total).reshape(10, 4) / hvd.size())
+            opt.step()
+        return emb.weight.detach()
+
+    torch.testing.assert_close(run(True), run(False), rtol=1e-6, atol=1e-6)

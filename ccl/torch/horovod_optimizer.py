@@ -137,7 +137,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     num_groups, groups : optional
         Accepted as in Horovod; ccl fuses gradients by size instead.
     sparse_as_dense : bool
-        Accepted; sparse gradients are not supported by the reducer.
+        Turn sparse gradients (``nn.Embedding(sparse=True)``) dense before
+        they are reduced; without it a sparse gradient raises ``TypeError``.
     process_set : ProcessSet
         Only the global set.
     codec, algorithm, fusion_threshold_bytes, min_compress_bytes, lr_corrected
@@ -195,6 +196,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         options["min_compress_bytes"] = min_compress_bytes
     elif codec is None and resolved is not None:
         options["min_compress_bytes"] = 0
+    sparse_hooks = _densify_hooks(optimizer) if sparse_as_dense is True else []
     if algorithm is None:
         # compression= is Horovod's: every tensor is compressed, on the algorithm that fits
         # the codec; codec= is ccl's: "auto" compresses where it pays at the link speed
@@ -203,4 +205,19 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         optimizer, named_parameters=named_parameters, codec=resolved, algorithm=algorithm,
         backward_passes_per_step=backward_passes_per_step, op=reduce_op,
         fusion_threshold_bytes=fusion_threshold_bytes, lr_corrected=lr_corrected, **options)
+    wrapped._ccl_sparse_hooks = sparse_hooks
     return _with_horovod_step(wrapped)
+
+
+def _densify_hooks(optimizer):
+    """Hooks that turn sparse gradients dense (``sparse_as_dense=True``).
+
+    Registered before the optimizer wrapper's own hooks, so they run first:
+    the wrapper then copies a dense gradient into its bucket.
+    """
+    def densify(param):
+        if param.grad is not None and param.grad.is_sparse:
+            param.grad = param.grad.to_dense()
+
+    return [p.register_post_accumulate_grad_hook(densify)
+            for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
