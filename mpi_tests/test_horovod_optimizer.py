@@ -224,3 +224,28 @@ def test_sparse_as_dense(hvd, comm):
         return emb.weight.detach()
 
     torch.testing.assert_close(run(True), run(False), rtol=1e-6, atol=1e-6)
+
+
+def test_horovod_fusion_threshold_variable(hvd, monkeypatch):
+    model, _ = model_and_data(hvd.rank())
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    default = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+    assert default.communication_stats()["buckets"] == 1  # a tiny model: one bucket
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "64")
+    model, _ = model_and_data(hvd.rank())
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    small = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+    assert small.communication_stats()["buckets"] > 1
+
+
+def test_other_horovod_variables_warn_once(comm, monkeypatch):
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME_FOR_THIS_TEST", "5")
+    with pytest.warns(RuntimeWarning, match="HOROVOD_CYCLE_TIME_FOR_THIS_TEST"):
+        ct.init(comm)
+    ct.shutdown()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ct.init(comm)  # once per process
+    ct.shutdown()

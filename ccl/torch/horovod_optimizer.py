@@ -20,6 +20,7 @@ from ..agreement import agree
 from ..codecs import get_codec
 from ..collectives.auto import fitting
 from .compression import Compression, FP16Compressor, resolve_codec
+from .horovod_env import fusion_threshold
 from .optimizer import DEFAULT_FUSION_THRESHOLD_BYTES
 from .optimizer import DistributedOptimizer as _ccl_distributed_optimizer
 from .process_sets import global_process_set
@@ -110,8 +111,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=global_process_set, *, codec=None, algorithm=None,
-                         fusion_threshold_bytes=DEFAULT_FUSION_THRESHOLD_BYTES,
-                         min_compress_bytes=_DEFAULT_MIN_COMPRESS, lr_corrected=False):
+                         fusion_threshold_bytes=None, min_compress_bytes=_DEFAULT_MIN_COMPRESS,
+                         lr_corrected=False):
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks (collective).
 
     Horovod's signature; ccl's options as keywords. See
@@ -142,7 +143,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     process_set : ProcessSet
         Only the global set.
     codec, algorithm, fusion_threshold_bytes, min_compress_bytes, lr_corrected
-        ccl's options (``codec`` instead of ``compression``). A codec from
+        ccl's options (``codec`` instead of ``compression``);
+        ``fusion_threshold_bytes`` defaults to ``HOROVOD_FUSION_THRESHOLD``
+        when that is set, else ``DEFAULT_FUSION_THRESHOLD_BYTES``. A codec from
         ``compression=`` compresses every bucket, as Horovod compresses every
         tensor: by default ``min_compress_bytes=0`` and the algorithm that
         fits the codec (``ccl.collectives.auto.fitting``); a ``codec=``
@@ -184,6 +187,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _check_groups(num_groups, groups)
         if not isinstance(sparse_as_dense, bool):
             raise TypeError("sparse_as_dense must be True or False")
+        if fusion_threshold_bytes is None:
+            fusion_threshold_bytes = fusion_threshold(default=DEFAULT_FUSION_THRESHOLD_BYTES)
         if process_set is not None and process_set is not global_process_set:
             raise NotImplementedError("ccl.torch's DistributedOptimizer reduces over the global "
                                       "process set only")

@@ -20,6 +20,7 @@ from ..agreement import agree
 from ..api import Communicator
 from . import runtime as _runtime
 from .engine import Engine
+from .horovod_env import warn_ignored
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
            "init", "ops_engine"]
@@ -202,6 +203,7 @@ def init(comm=None, process_sets=None):
         if comm is None:
             return  # like Horovod: ranks outside the list stay uninitialised
     _runtime.init(comm)
+    warn_ignored()
     ops_engine()
     for process_set in process_sets or []:
         add_process_set(process_set)
