@@ -40,7 +40,7 @@ TORCH_MODULES = ["ccl.torch.runtime", "ccl.torch.functions", "ccl.torch.buckets"
                  "ccl.torch.optimizer", "ccl.torch.adam", "ccl.torch.compression",
                  "ccl.torch.collectives", "ccl.torch.autograd", "ccl.torch.handles",
                  "ccl.torch.movement", "ccl.torch.autograd_movement", "ccl.torch.adasum",
-                 "ccl.torch.sync_batch_norm", "ccl.torch.horovod_env",
+                 "ccl.torch.sync_batch_norm", "ccl.torch.horovod_env", "ccl.torch.timeline",
                  "ccl.torch.process_sets", "ccl.torch.basics", "ccl.torch.horovod_optimizer",
                  "ccl.torch.horovod_functions", "ccl.torch.tensor_ops"]
 DOCTEST_MODULES = [

@@ -36,7 +36,7 @@ from .collectives import (allreduce_async, allreduce_async_, grouped_allreduce_a
                           reducescatter_async)
 from .compression import Compression
 from .ddp import ddp_comm_hook
-from .handles import poll, synchronize
+from .handles import poll, stop_timeline, synchronize
 from .horovod_functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                 broadcast_parameters)
 from .horovod_optimizer import DistributedOptimizer
@@ -46,6 +46,7 @@ from .optimizer import DEFAULT_FUSION_THRESHOLD_BYTES
 from .process_sets import (ProcessSet, add_process_set, global_process_set, init,
                            remove_process_set)
 from .sync_batch_norm import SyncBatchNorm
+from .timeline import start_timeline
 from .runtime import (cross_rank, cross_size, is_initialized, local_rank, local_size, rank,
                       shutdown, size, threads_supported)
 from .tensor_ops import Adasum, Average, HorovodInternalError, Max, Min, Product, Sum
@@ -70,5 +71,5 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async",
     "synchronize", "poll", "join", "barrier",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "elastic",
-    "SyncBatchNorm",
+    "SyncBatchNorm", "start_timeline", "stop_timeline",
 ]

@@ -12,10 +12,13 @@ calls. Two collectives in flight under one name are an error, as in Horovod.
 import collections
 import itertools
 import threading
+import time
 
+from . import timeline
 from .process_sets import ops_engine, set_comm
+from .runtime import current
 
-__all__ = ["Op", "submit", "synchronize", "poll", "wait_all"]
+__all__ = ["Op", "submit", "synchronize", "poll", "wait_all", "stop_timeline"]
 
 _LOCK = threading.Lock()
 _HANDLES = {}
@@ -26,20 +29,27 @@ _NEXT = itertools.count(1)
 class Op:
     """One queued collective: ``work(process_set)`` runs in the collectives' thread."""
 
-    __slots__ = ("work", "process_set", "flight", "post", "result", "error", "done")
+    __slots__ = ("work", "process_set", "flight", "post", "result", "error", "done", "label")
 
     def __init__(self, work, process_set, flight, post):
         self.work, self.process_set, self.flight, self.post = work, process_set, flight, post
         self.result = self.error = None
         self.done = threading.Event()
+        self.label = None  # (kind, name) for the timeline
 
     def run(self, communicator):
         """Called by the engine (``communicator`` is unused: the set has its own)."""
+        start = time.perf_counter()
         try:
             self.result = self.work(self.process_set)
         except BaseException as exc:  # handed to synchronize()
             self.error = exc
         finally:
+            if self.label is not None and timeline.active():
+                kind, name = self.label
+                timeline.record(name, kind, start, time.perf_counter(),
+                                process_set=self.process_set.process_set_id,
+                                failed=self.error is not None)
             if self.flight is not None:
                 with _LOCK:
                     _IN_FLIGHT[self.flight] -= 1
@@ -96,6 +106,7 @@ def submit(kind, name, process_set, work, error=None, post=None):
         error = ValueError(f"a collective named {name!r} is in flight already: names of "
                            "concurrent collectives must differ")
     op = Op(lambda ps: work(ps, str(name), error), process_set, flight, post)
+    op.label = (kind, str(name))
     engine.submit(op)
     if duplicate:
         raise error  # the queued op fails everywhere in the set, so no rank waits for it
@@ -185,3 +196,19 @@ def poll(handle):
 def wait_all():
     """Wait for every queued collective of this rank (results stay with their handles)."""
     ops_engine().drain()
+
+
+def stop_timeline():
+    """Stop recording; rank 0 writes every rank's events to the trace file (collective).
+
+    Collectives submitted before are finished first. Does nothing where no
+    timeline was started on any rank.
+
+    Examples
+    --------
+    >>> import ccl.torch as hvd
+    >>> hvd.init()
+    >>> hvd.stop_timeline()
+    """
+    ops_engine().drain()
+    timeline.write(current().comm)

@@ -1,7 +1,9 @@
 """Horovod's ``HOROVOD_*`` environment variables: the ones with a meaning here, and a warning.
 
 ``HOROVOD_FUSION_THRESHOLD`` (bytes) is the default bucket size cap of
-:func:`~ccl.torch.DistributedOptimizer` (``fusion_threshold_bytes``).
+:func:`~ccl.torch.DistributedOptimizer` (``fusion_threshold_bytes``);
+``HOROVOD_TIMELINE`` (a file) records a timeline from ``init`` to
+``shutdown`` (see :func:`~ccl.torch.start_timeline`).
 Every other ``HOROVOD_*`` variable set in the environment has no effect on
 ``ccl.torch`` (its cycle time, timeline, stall check, autotuning and
 controllers are Horovod's own machinery): :func:`warn_ignored` says so once.
@@ -18,7 +20,7 @@ import warnings
 __all__ = ["fusion_threshold", "ignored", "warn_ignored", "USED"]
 
 #: The variables ``ccl.torch`` reads.
-USED = ("HOROVOD_FUSION_THRESHOLD",)
+USED = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_TIMELINE")
 
 _WARNED = set()
 

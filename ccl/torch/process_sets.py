@@ -12,6 +12,7 @@ the orders match and raises on every rank of the set when they do not).
 """
 
 import collections
+import os
 import threading
 
 from mpi4py import MPI
@@ -19,6 +20,7 @@ from mpi4py import MPI
 from ..agreement import agree
 from ..api import Communicator
 from . import runtime as _runtime
+from . import timeline
 from .engine import Engine
 from .horovod_env import warn_ignored
 
@@ -130,6 +132,7 @@ class OpsEngine(Engine):
         # generated names per (kind, set id): the same on every rank of a set that makes
         # the same calls (set ids are never reused within one runtime)
         self.auto_names = collections.Counter()
+        self.timeline_comm = None
 
     def drain(self):
         """Wait until every collective submitted so far is done."""
@@ -141,6 +144,8 @@ class OpsEngine(Engine):
         if self.closed:
             return
         super().close()
+        if self.timeline_comm is not None:  # HOROVOD_TIMELINE: written at shutdown
+            timeline.write(self.timeline_comm)
         for set_id, process_set in sorted(self.sets.items()):
             if set_id and process_set._comm is not None and not MPI.Is_finalized():
                 process_set._comm.Free()
@@ -204,7 +209,10 @@ def init(comm=None, process_sets=None):
             return  # like Horovod: ranks outside the list stay uninitialised
     _runtime.init(comm)
     warn_ignored()
-    ops_engine()
+    engine = ops_engine()
+    if os.environ.get("HOROVOD_TIMELINE") and engine.timeline_comm is None:
+        timeline.start_timeline(os.environ["HOROVOD_TIMELINE"])
+        engine.timeline_comm = _runtime.current().comm
     for process_set in process_sets or []:
         add_process_set(process_set)
 

@@ -20,6 +20,7 @@ from mpi4py import MPI
 from ..agreement import agree
 from ..collectives.auto import fitting
 from ..errors import MismatchError
+from . import timeline
 from .adasum import adasum_allreduce
 
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "OP_NAMES",
@@ -65,7 +66,8 @@ def check_tensor(tensor, what, dtypes=_MOVABLE):
 
 def _agree(process_set, what, fields, error):
     try:
-        agree(process_set._comm, what, fields, error)
+        with timeline.phase("NEGOTIATE", what):
+            agree(process_set._comm, what, fields, error)
     except MismatchError as exc:
         raise HorovodInternalError(f"{what}: {exc}") from exc
 
