@@ -33,7 +33,7 @@ def _on_set(kind, name, process_set, fields, move, error=None):
     return synchronize(submit(kind, name, process_set, work, error))
 
 
-def broadcast_parameters(params, root_rank, process_set=global_process_set):
+def broadcast_parameters(params, root_rank=0, process_set=global_process_set):
     """Overwrite ``params`` with root's values, in place (collective).
 
     Parameters
@@ -67,7 +67,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
                    process_set=process_set)
 
 
-def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+def broadcast_optimizer_state(optimizer, root_rank=0, process_set=global_process_set):
     """Give every rank root's optimizer state and hyperparameters (collective).
 
     Parameters
