@@ -37,7 +37,12 @@ ALWAYS = {
 WITH_EXAMPLE = ALWAYS | {"EX01"}
 
 TORCH_MODULES = ["ccl.torch.runtime", "ccl.torch.functions", "ccl.torch.buckets", "ccl.torch.ddp",
-                 "ccl.torch.optimizer", "ccl.torch.adam", "ccl.torch.diloco"]
+                 "ccl.torch.optimizer", "ccl.torch.adam", "ccl.torch.compression",
+                 "ccl.torch.collectives", "ccl.torch.autograd", "ccl.torch.handles",
+                 "ccl.torch.movement", "ccl.torch.autograd_movement", "ccl.torch.adasum",
+                 "ccl.torch.sync_batch_norm", "ccl.torch.horovod_env", "ccl.torch.timeline",
+                 "ccl.torch.process_sets", "ccl.torch.basics", "ccl.torch.horovod_optimizer",
+                 "ccl.torch.horovod_functions", "ccl.torch.tensor_ops", "ccl.torch.diloco"]
 DOCTEST_MODULES = [
     "ccl", "ccl.api", "ccl.errors", "ccl.feedback", "ccl.launch",
     "ccl.codecs.base", "ccl.codecs.configurable", "ccl.codecs.framing", "ccl.codecs.header",

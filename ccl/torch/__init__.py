@@ -1,4 +1,10 @@
-"""ccl for PyTorch: a Horovod-style optimizer wrapper, a compressed Adam, DiLoCo, broadcasts.
+"""ccl for PyTorch: Horovod's ``horovod.torch`` API, a compressed Adam, DiLoCo, every ccl codec.
+
+``import ccl.torch as hvd`` runs Horovod programs: ``hvd.init()``,
+``hvd.DistributedOptimizer(..., compression=hvd.Compression.fp16)``,
+``hvd.allreduce``, ``hvd.allgather``, ``hvd.broadcast``, process sets, ...
+(see the "Coming from Horovod" page), and any ccl codec compresses as
+``compression=hvd.Compression.codec("3lc", s=1.5)``.
 
 >>> import torch, ccl.torch as ct                       # doctest: +SKIP
 >>> ct.init()                                           # doctest: +SKIP
@@ -17,14 +23,34 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("ccl.torch needs PyTorch >= 2.1: pip install torch (on CPU-only "
                       "machines pin a CPU build, e.g. pip install torch==2.13.0)") from exc
 
+from . import elastic
 from .adam import CompressedAdam
 from .diloco import DiLoCo
-from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
-                        broadcast_parameters)
+from .autograd import (allreduce, allreduce_, grouped_allreduce, grouped_allreduce_,
+                       grouped_reducescatter, reducescatter)
+from .autograd_movement import allgather, alltoall, broadcast, broadcast_, grouped_allgather
+from .basics import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,
+                     is_homogeneous, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
+                     rocm_built)
+from .collectives import (allreduce_async, allreduce_async_, grouped_allreduce_async,
+                          grouped_allreduce_async_, grouped_reducescatter_async,
+                          reducescatter_async)
+from .compression import Compression
 from .ddp import ddp_comm_hook
-from .optimizer import DEFAULT_FUSION_THRESHOLD_BYTES, DistributedOptimizer
-from .runtime import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
-                      rank, shutdown, size, threads_supported)
+from .handles import poll, stop_timeline, synchronize
+from .horovod_functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                                broadcast_parameters)
+from .horovod_optimizer import DistributedOptimizer
+from .movement import (allgather_async, alltoall_async, barrier, broadcast_async,
+                       broadcast_async_, grouped_allgather_async, join)
+from .optimizer import DEFAULT_FUSION_THRESHOLD_BYTES
+from .process_sets import (ProcessSet, add_process_set, global_process_set, init,
+                           remove_process_set)
+from .sync_batch_norm import SyncBatchNorm
+from .timeline import start_timeline
+from .runtime import (cross_rank, cross_size, is_initialized, local_rank, local_size, rank,
+                      shutdown, size, threads_supported)
+from .tensor_ops import Adasum, Average, HorovodInternalError, Max, Min, Product, Sum
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -33,4 +59,18 @@ __all__ = [
     "DiLoCo", "ddp_comm_hook",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
     "allgather_object",
+    # Horovod's API
+    "mpi_threads_supported", "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "is_homogeneous",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression",
+    "HorovodInternalError",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async",
+    "synchronize", "poll", "join", "barrier",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "elastic",
+    "SyncBatchNorm", "start_timeline", "stop_timeline",
 ]

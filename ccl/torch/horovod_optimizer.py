@@ -1,0 +1,228 @@
+"""``DistributedOptimizer`` with Horovod's signature, on ccl's bucketed optimizer wrapper.
+
+Horovod's arguments map onto :func:`ccl.torch.optimizer.DistributedOptimizer`:
+``compression=`` becomes the codec (``Compression.fp16`` is ccl's ``fp16``
+codec; ``Compression.codec("3lc")`` any other), ``op=hvd.Average`` /
+``hvd.Sum`` become ``"mean"`` / ``"sum"``. ``gradient_predivide_factor``
+splits the averaging into a division before and after the sum in Horovod;
+ccl divides once, which gives the same average. ``num_groups`` and
+``groups`` choose Horovod's fusion groups; ccl fuses by size
+(``fusion_threshold_bytes``), so they are checked and otherwise have no
+effect. ccl's own arguments (``codec``, ``algorithm``, ...) stay available
+as keywords.
+"""
+
+import numbers
+
+import torch
+
+from ..agreement import agree
+from ..codecs import get_codec
+from ..collectives.auto import fitting
+from .compression import Compression, FP16Compressor, resolve_codec
+from .horovod_env import fusion_threshold
+from .optimizer import DEFAULT_FUSION_THRESHOLD_BYTES
+from .optimizer import DistributedOptimizer as _ccl_distributed_optimizer
+from .process_sets import global_process_set
+from .runtime import current
+from .tensor_ops import OP_NAMES, Adasum, Average, Sum
+
+__all__ = ["DistributedOptimizer"]
+
+_DEFAULT_MIN_COMPRESS = object()
+
+
+class _HorovodStep:
+    """Horovod's ``step(closure)``: the closure's gradients are averaged before the step."""
+
+    def step(self, closure=None):
+        """Synchronize and step; with a closure, run it first (its backward is averaged).
+
+        Parameters
+        ----------
+        closure : callable, optional
+            Recomputes the loss and calls ``backward()`` (as for
+            ``torch.optim``); called once, before the gradients are averaged.
+
+        Returns
+        -------
+        object
+            The closure's loss, else what the wrapped ``step()`` returns.
+        """
+        if closure is None:
+            return super().step()
+        with torch.enable_grad():
+            loss = closure()
+        super().step()
+        return loss
+
+
+_CLASSES = {}
+
+
+def _with_horovod_step(wrapped):
+    base = type(wrapped)
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = _CLASSES[base] = type(base.__name__, (_HorovodStep, base),
+                                    {"__module__": base.__module__,
+                                     "__qualname__": base.__qualname__})
+    wrapped.__class__ = cls
+    return wrapped
+
+
+def _codec_of(compression, codec):
+    if codec is not None:
+        if compression not in (None, Compression.none):
+            raise ValueError("give compression= or codec=, not both")
+        return codec
+    if compression is FP16Compressor or isinstance(compression, FP16Compressor):
+        return get_codec("fp16")
+    resolved, compressor = resolve_codec(compression)
+    if resolved is not None and resolved.codec_id == "none":
+        return None
+    if compressor is not None and compressor is not Compression.none:
+        raise TypeError("DistributedOptimizer takes hvd.Compression.none, hvd.Compression.fp16 "
+                        "or a ccl codec (hvd.Compression.codec(...)); a custom compressor "
+                        f"class ({compression!r}) cannot compress ccl's buckets")
+    return resolved
+
+
+def _op_of(op):
+    if op in ("mean", "sum"):
+        return op
+    if op == Adasum:
+        raise NotImplementedError("op=hvd.Adasum is not available in ccl.torch's "
+                                  "DistributedOptimizer; use hvd.Average")
+    if op not in (Average, Sum):
+        raise ValueError(f"DistributedOptimizer reduces with hvd.Average or hvd.Sum, got "
+                         f"{OP_NAMES.get(op, op)!r}")
+    return "mean" if op == Average else "sum"
+
+
+def _check_groups(num_groups, groups):
+    if not isinstance(num_groups, numbers.Integral) or num_groups < 0:
+        raise ValueError(f"num_groups must be a non-negative int, got {num_groups!r}")
+    if groups is not None and not isinstance(groups, (numbers.Integral, list)):
+        raise ValueError("groups must be None, an int, or a list of lists of parameters")
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set, *, codec=None, algorithm=None,
+                         fusion_threshold_bytes=None, min_compress_bytes=_DEFAULT_MIN_COMPRESS,
+                         lr_corrected=False):
+    """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks (collective).
+
+    Horovod's signature; ccl's options as keywords. See
+    :func:`ccl.torch.optimizer.DistributedOptimizer` for how gradients are
+    bucketed and reduced.
+
+    Parameters
+    ----------
+    optimizer : torch.optim.Optimizer
+        Any optimizer; use the returned one from now on.
+    named_parameters : iterable of (str, torch.nn.Parameter), optional
+        Usually ``model.named_parameters()``.
+    compression : optional
+        ``hvd.Compression.none`` (default), ``hvd.Compression.fp16``, or a
+        ccl codec: ``hvd.Compression.codec("3lc", s=1.5)``, a codec, or its id.
+    backward_passes_per_step : int
+        Backward passes accumulated locally before one reduction.
+    op : int
+        ``hvd.Average`` (default) or ``hvd.Sum``.
+    gradient_predivide_factor : float
+        Accepted as in Horovod (only with ``op=hvd.Average``); the average is
+        the same.
+    num_groups, groups : optional
+        Accepted as in Horovod; ccl fuses gradients by size instead.
+    sparse_as_dense : bool
+        Turn sparse gradients (``nn.Embedding(sparse=True)``) dense before
+        they are reduced; without it a sparse gradient raises ``TypeError``.
+    process_set : ProcessSet
+        Only the global set.
+    codec, algorithm, fusion_threshold_bytes, min_compress_bytes, lr_corrected
+        ccl's options (``codec`` instead of ``compression``);
+        ``fusion_threshold_bytes`` defaults to ``HOROVOD_FUSION_THRESHOLD``
+        when that is set, else ``DEFAULT_FUSION_THRESHOLD_BYTES``. A codec from
+        ``compression=`` compresses every bucket, as Horovod compresses every
+        tensor: by default ``min_compress_bytes=0`` and the algorithm that
+        fits the codec (``ccl.collectives.auto.fitting``); a ``codec=``
+        keeps ccl's defaults (``algorithm="auto"`` compresses where it pays).
+
+    Returns
+    -------
+    torch.optim.Optimizer
+        The wrapped optimizer (``synchronize()``, ``skip_synchronize()``,
+        ``step(closure)``).
+
+    Raises
+    ------
+    TypeError, ValueError, NotImplementedError
+        Bad arguments (on the rank that passed them; the others raise
+        :class:`ccl.MismatchError`).
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as hvd
+    >>> hvd.init()
+    >>> model = torch.nn.Linear(4, 2)
+    >>> opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+    ...                                named_parameters=model.named_parameters(),
+    ...                                compression=hvd.Compression.fp16)
+    >>> isinstance(opt, torch.optim.SGD)
+    True
+    """
+    runtime = current()
+    error, resolved, reduce_op = None, None, "mean"
+    try:
+        resolved = _codec_of(compression, codec)
+        reduce_op = _op_of(op)
+        if not isinstance(gradient_predivide_factor, numbers.Real) or \
+                gradient_predivide_factor <= 0:
+            raise ValueError("gradient_predivide_factor must be a positive number")
+        if gradient_predivide_factor != 1.0 and reduce_op != "mean":
+            raise ValueError("gradient_predivide_factor needs op=hvd.Average")
+        _check_groups(num_groups, groups)
+        if not isinstance(sparse_as_dense, bool):
+            raise TypeError("sparse_as_dense must be True or False")
+        if fusion_threshold_bytes is None:
+            fusion_threshold_bytes = fusion_threshold(default=DEFAULT_FUSION_THRESHOLD_BYTES)
+        if process_set is not None and process_set is not global_process_set:
+            raise NotImplementedError("ccl.torch's DistributedOptimizer reduces over the global "
+                                      "process set only")
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        error = exc
+    agree(runtime.comm, "DistributedOptimizer", [("Horovod arguments", (
+        reduce_op, float(gradient_predivide_factor) if error is None else None))], error)
+    options = {}
+    if min_compress_bytes is not _DEFAULT_MIN_COMPRESS:
+        options["min_compress_bytes"] = min_compress_bytes
+    elif codec is None and resolved is not None:
+        options["min_compress_bytes"] = 0
+    sparse_hooks = _densify_hooks(optimizer) if sparse_as_dense is True else []
+    if algorithm is None:
+        # compression= is Horovod's: every tensor is compressed, on the algorithm that fits
+        # the codec; codec= is ccl's: "auto" compresses where it pays at the link speed
+        algorithm = fitting(resolved) if resolved is not None and codec is None else "auto"
+    wrapped = _ccl_distributed_optimizer(
+        optimizer, named_parameters=named_parameters, codec=resolved, algorithm=algorithm,
+        backward_passes_per_step=backward_passes_per_step, op=reduce_op,
+        fusion_threshold_bytes=fusion_threshold_bytes, lr_corrected=lr_corrected, **options)
+    wrapped._ccl_sparse_hooks = sparse_hooks
+    return _with_horovod_step(wrapped)
+
+
+def _densify_hooks(optimizer):
+    """Hooks that turn sparse gradients dense (``sparse_as_dense=True``).
+
+    Registered before the optimizer wrapper's own hooks, so they run first:
+    the wrapper then copies a dense gradient into its bucket.
+    """
+    def densify(param):
+        if param.grad is not None and param.grad.is_sparse:
+            param.grad = param.grad.to_dense()
+
+    return [p.register_post_accumulate_grad_hook(densify)
+            for group in optimizer.param_groups for p in group["params"] if p.requires_grad]

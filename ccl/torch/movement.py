@@ -1,0 +1,293 @@
+"""Horovod's data-moving collectives: ``allgather``, ``broadcast``, ``alltoall``, ``barrier``.
+
+As :mod:`ccl.torch.collectives` (the reductions): Horovod's names, arguments
+and defaults; ``*_async`` return a handle for :func:`~ccl.torch.synchronize`.
+Tensors travel as raw bytes (any dtype, ``bool`` included), so results are
+exact copies.
+
+>>> import torch, ccl.torch as hvd
+>>> hvd.init()
+>>> hvd.synchronize(hvd.broadcast_async(torch.tensor([hvd.rank()]), 0)).item()
+0
+"""
+
+import time
+
+import numpy as np
+import torch
+
+from . import tensor_ops
+from .collectives import capture_error
+from .handles import submit, synchronize
+from .process_sets import global_process_set
+from .tensor_ops import check_tensor
+
+__all__ = ["allgather_async", "grouped_allgather_async", "grouped_allgather_sizes",
+           "broadcast_async", "broadcast_async_", "alltoall_async", "barrier", "join"]
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Start concatenating every rank's ``tensor`` along dimension 0; return a handle.
+
+    First dimensions may differ between ranks; the other dimensions and the
+    dtype may not.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        The input, the same shape and dtype on every rank of the set; not modified.
+    name : str, optional
+        Names the collective (generated if None); ranks must use the same names.
+    process_set : ProcessSet
+        The ranks taking part (default: every rank); this rank must be one.
+
+    Returns
+    -------
+    int
+        A handle; synchronizing it returns the concatenation, in rank order.
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as hvd
+    >>> hvd.init()
+    >>> out = hvd.synchronize(hvd.allgather_async(torch.tensor([hvd.rank()])))
+    >>> out.tolist() == list(range(hvd.size()))
+    True
+    """
+    return _allgather_any([tensor], name, process_set, "allgather",
+                          lambda r: r[0][0])
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Start allgathering a list of tensors in one collective; return a handle.
+
+    Parameters
+    ----------
+    tensors : list of torch.Tensor
+        The inputs, the same shapes and dtypes on every rank of the set.
+    name : str, optional
+        Names the collective (generated if None); ranks must use the same names.
+    process_set : ProcessSet
+        The ranks taking part (default: every rank); this rank must be one.
+
+    Returns
+    -------
+    int
+        A handle; synchronizing it returns the list of concatenations.
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as hvd
+    >>> hvd.init()
+    >>> outs = hvd.synchronize(hvd.grouped_allgather_async([torch.ones(1), torch.ones(2, 2)]))
+    >>> [tuple(o.shape) for o in outs] == [(hvd.size(),), (2 * hvd.size(), 2)]
+    True
+    """
+    return _allgather_any(list(tensors), name, process_set, "grouped_allgather",
+                          lambda r: [out for out, _ in r])
+
+
+def _allgather_any(tensors, name, process_set, kind, post):
+    error = capture_error(lambda: [check_tensor(t, kind) for t in tensors])
+
+    def work(ps, name, error):
+        return tensor_ops.allgather(ps, tensors, name, error)
+
+    return submit(kind, name, process_set, work, error, post)
+
+
+def grouped_allgather_sizes(tensors, name=None, process_set=global_process_set):
+    """``[(concatenation, first dimension of every rank)]``: what allgather's gradient needs."""
+    kind = "allgather" if len(tensors) == 1 else "grouped_allgather"
+    return synchronize(_allgather_any(list(tensors), name, process_set, kind, None))
+
+
+def _check_root(root_rank, process_set):
+    if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
+        raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
+    members = process_set.ranks if process_set.process_set_id else range(process_set.size())
+    if root_rank not in members:
+        raise ValueError(f"root_rank {root_rank} is not a rank of {process_set!r}")
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Start sending ``root_rank``'s ``tensor`` to every rank of the set; return a handle.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        The input, the same shape and dtype on every rank of the set; not modified.
+    root_rank : int
+        The global rank (a member of the set) whose tensor every rank gets.
+    name : str, optional
+        Names the collective (generated if None); ranks must use the same names.
+    process_set : ProcessSet
+        The ranks taking part (default: every rank); this rank must be one.
+
+    Returns
+    -------
+    int
+        A handle; synchronizing it returns a new tensor holding root's values.
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as hvd
+    >>> hvd.init()
+    >>> hvd.synchronize(hvd.broadcast_async(torch.tensor([hvd.rank()]), 0)).item()
+    0
+    """
+    return _broadcast_any(tensor, root_rank, name, process_set, lambda r: r[0])
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """As :func:`broadcast_async`, but synchronizing writes root's values into ``tensor``.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        The input, the same shape and dtype on every rank of the set; not modified.
+    root_rank : int
+        The global rank (a member of the set) whose tensor every rank gets.
+    name : str, optional
+        Names the collective (generated if None); ranks must use the same names.
+    process_set : ProcessSet
+        The ranks taking part (default: every rank); this rank must be one.
+
+    Returns
+    -------
+    int
+        A handle; synchronizing it returns ``tensor``.
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as hvd
+    >>> hvd.init()
+    >>> t = torch.tensor([hvd.rank()])
+    >>> hvd.synchronize(hvd.broadcast_async_(t, 0)) is t and t.item() == 0
+    True
+    """
+    def post(results):
+        with torch.no_grad():
+            tensor.copy_(results[0])
+        return tensor
+
+    return _broadcast_any(tensor, root_rank, name, process_set, post)
+
+
+def _broadcast_any(tensor, root_rank, name, process_set, post):
+    error = capture_error(lambda: (check_tensor(tensor, "broadcast"),
+                            _check_root(root_rank, process_set)))
+
+    def work(ps, name, error):
+        return tensor_ops.broadcast(ps, [tensor], root_rank, name, error)
+
+    return submit("broadcast", name, process_set, work, error, post)
+
+
+def _splits(tensor, splits, size):
+    if tensor.dim() == 0:
+        raise ValueError("alltoall takes tensors of at least one dimension")
+    if splits is None:
+        if tensor.shape[0] % size:
+            raise ValueError(f"without splits, alltoall needs a first dimension divisible by "
+                             f"the set's size {size}, got {tensor.shape[0]}")
+        return [tensor.shape[0] // size] * size
+    values = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
+    if len(values) != size or any(int(v) < 0 for v in values):
+        raise ValueError(f"splits must hold {size} non-negative counts, got {values}")
+    if sum(int(v) for v in values) != tensor.shape[0]:
+        raise ValueError(f"splits sum to {sum(values)}, the first dimension is "
+                         f"{tensor.shape[0]}")
+    return [int(v) for v in values]
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Start scattering ``tensor``'s rows to the set's ranks and gathering theirs.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        Rows ``splits[0]`` go to the set's rank 0, the next ``splits[1]`` to
+        rank 1, ...
+    splits : torch.Tensor or list of int, optional
+        Rows per destination (default: equal shares of the first dimension).
+    name : str, optional
+        Names the collective (generated if None).
+    process_set : ProcessSet
+        The ranks taking part (default: every rank); this rank must be one.
+
+    Returns
+    -------
+    int
+        A handle; synchronizing it returns ``(output, received_splits)``.
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as hvd
+    >>> hvd.init()
+    >>> out, received = hvd.synchronize(hvd.alltoall_async(torch.zeros(hvd.size())))
+    >>> received.tolist() == [1] * hvd.size()
+    True
+    """
+    sizes = [None]
+
+    def check():
+        check_tensor(tensor, "alltoall")
+        sizes[0] = _splits(tensor, splits, process_set.size())
+
+    error = capture_error(check)
+
+    def work(ps, name, error):
+        return tensor_ops.alltoall(ps, tensor, sizes[0] or [0] * ps.size(), name, error)
+
+    return submit("alltoall", name, process_set, work, error, None)
+
+
+def barrier(process_set=global_process_set):
+    """Wait until every rank of the set calls ``barrier`` (after its earlier collectives).
+
+    Parameters
+    ----------
+    process_set : ProcessSet
+        The ranks taking part (default: every rank).
+
+    Examples
+    --------
+    >>> import ccl.torch as hvd
+    >>> hvd.init()
+    >>> hvd.barrier()
+    """
+    synchronize(submit("barrier", None, process_set,
+                       lambda ps, name, error: tensor_ops.barrier(ps, error)))
+
+
+def join(device=-1):
+    """Wait until every rank calls ``join``; return the rank that called it last.
+
+    Horovod lets joined ranks take part in the other ranks' later
+    allreduces with zeros; here every rank must have submitted the same
+    collectives before it joins (the order check raises otherwise), so
+    ``join`` is a barrier that also reports which rank was last (by the
+    ranks' clocks).
+
+    Parameters
+    ----------
+    device : int
+        Ignored (Horovod's GPU for the zeros).
+
+    Returns
+    -------
+    int
+        The global rank that reached ``join`` last.
+
+    Examples
+    --------
+    >>> import ccl.torch as hvd
+    >>> hvd.init()
+    >>> 0 <= hvd.join() < hvd.size()
+    True
+    """
+    arrived = torch.tensor([time.time()], dtype=torch.float64)
+    times = synchronize(allgather_async(arrived, name=None))
+    del device
+    return int(torch.argmax(times).item())

@@ -1,0 +1,251 @@
+"""Horovod's DistributedOptimizer signature and broadcasts in ccl.torch, against exact averaging.
+
+The reference trains a plain copy of the model with gradients averaged by
+the MPI library's own ``Allreduce``: the wrapped optimizer must end at the
+same weights (exactly without compression, closely with fp16).
+"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+torch = pytest.importorskip("torch")
+
+import ccl  # noqa: E402
+import ccl.torch as ct  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def hvd(comm):
+    ct.init(comm)
+    yield ct
+    ct.shutdown()
+
+
+def model_and_data(rank, seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    g = torch.Generator().manual_seed(100 + rank)
+    batches = [(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g))
+               for _ in range(4)]
+    return model, batches
+
+
+def loss_of(model, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def reference_weights(comm, rank, op="mean", closure=False):
+    """Train with gradients reduced by MPI_Allreduce (float64 sum, then /size)."""
+    model, batches = model_and_data(rank)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for batch in batches:
+        opt.zero_grad()
+        loss_of(model, batch).backward()
+        for p in model.parameters():
+            total = np.empty(p.grad.numel(), dtype=np.float32)
+            comm.Allreduce(p.grad.numpy().ravel(), total, op=MPI.SUM)
+            grad = torch.from_numpy(total).reshape(p.shape)
+            p.grad.copy_(grad / comm.Get_size() if op == "mean" else grad)
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def train(hvd, closure=False, **kwargs):
+    model, batches = model_and_data(hvd.rank())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(), **kwargs)
+    for batch in batches:
+        if closure:
+            def step_closure(batch=batch):
+                opt.zero_grad()
+                loss = loss_of(model, batch)
+                loss.backward()
+                return loss
+
+            loss = opt.step(step_closure)
+            assert torch.is_tensor(loss)
+        else:
+            opt.zero_grad()
+            loss_of(model, batch).backward()
+            opt.step()
+    return model, opt
+
+
+def weights(model):
+    return [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"compression": ct.Compression.none, "op": ct.Average},
+    {"gradient_predivide_factor": 2.0}, {"num_groups": 2}, {"groups": 1},
+    {"sparse_as_dense": True}, {"backward_passes_per_step": 1},
+    {"process_set": ct.global_process_set},
+])
+def test_uncompressed_matches_exact_averaging(hvd, comm, kwargs):
+    model, _ = train(hvd, **kwargs)
+    for got, want in zip(weights(model), reference_weights(comm, hvd.rank())):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_op_sum(hvd, comm):
+    model, _ = train(hvd, op=ct.Sum)
+    for got, want in zip(weights(model), reference_weights(comm, hvd.rank(), op="sum")):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_step_with_closure_averages_its_gradients(hvd, comm):
+    model, _ = train(hvd, closure=True)
+    for got, want in zip(weights(model), reference_weights(comm, hvd.rank())):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_synchronize_then_skip_synchronize(hvd, comm):
+    model, batches = model_and_data(hvd.rank())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    for batch in batches:
+        opt.zero_grad()
+        loss_of(model, batch).backward()
+        opt.synchronize()
+        with opt.skip_synchronize():
+            opt.step()
+    for got, want in zip(weights(model), reference_weights(comm, hvd.rank())):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("compression", ["fp16", "fp16-positional", "3lc", "codec-object"])
+def test_compressed_training_is_close_and_compressed(hvd, comm, compression):
+    chosen = {"fp16": ct.Compression.fp16, "fp16-positional": "fp16",
+              "3lc": ct.Compression.codec("3lc", s=1.5),
+              "codec-object": ccl.codecs.get_codec("thc")}[compression]
+    if compression == "fp16-positional":  # ccl's third positional argument was the codec
+        model, batches = model_and_data(hvd.rank())
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
+                                                       momentum=0.9),
+                                       model.named_parameters(), chosen)
+        for batch in batches:
+            opt.zero_grad()
+            loss_of(model, batch).backward()
+            opt.step()
+    else:
+        model, opt = train(hvd, compression=chosen)
+    assert opt.communication_stats()["compressed_buckets"] > 0
+    reference = reference_weights(comm, hvd.rank())
+    tolerance = 1e-2 if compression.startswith("fp16") else 0.5
+    for got, want in zip(weights(model), reference):
+        assert (got - want).abs().max().item() < tolerance
+    if hvd.size() > 1:  # compressed on the wire (whatever the link speed): not exact
+        assert opt.communication_stats()["bytes_sent"] > 0
+        assert any(not torch.equal(got, want) for got, want in zip(weights(model), reference))
+    from conftest import assert_same_on_all_ranks
+
+    assert_same_on_all_ranks(comm, torch.cat([w.reshape(-1) for w in weights(model)]).numpy())
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"op": ct.Max}, ValueError), ({"op": ct.Adasum}, NotImplementedError),
+    ({"compression": type("Custom", (), {"compress": staticmethod(lambda t: (t, None)),
+                                         "decompress": staticmethod(lambda t, c: t)})},
+     TypeError),
+    ({"gradient_predivide_factor": 2.0, "op": ct.Sum}, ValueError),
+    ({"gradient_predivide_factor": 0.0}, ValueError),
+    ({"compression": ct.Compression.fp16, "codec": "fp16"}, ValueError),
+    ({"num_groups": -1}, ValueError),
+    ({"sparse_as_dense": "yes"}, TypeError),
+])
+def test_bad_arguments_raise_on_every_rank(hvd, kwargs, error):
+    model, _ = model_and_data(hvd.rank())
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(error):
+        hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), **kwargs)
+    if hvd.size() > 1:  # one rank's bad argument: the others raise MismatchError
+        bad = kwargs if hvd.rank() == 0 else {}
+        with pytest.raises(error if hvd.rank() == 0 else ccl.MismatchError):
+            hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), **bad)
+
+
+def test_process_set_optimizer_is_not_implemented(hvd):
+    first = hvd.add_process_set([0])
+    model, _ = model_and_data(hvd.rank())
+    with pytest.raises(NotImplementedError, match="global process set"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 process_set=first)
+    hvd.remove_process_set(first)
+
+
+def test_broadcasts_with_horovods_signatures(hvd):
+    rank, size = hvd.rank(), hvd.size()
+    root = size - 1
+    model, _ = model_and_data(rank, seed=rank)
+    hvd.broadcast_parameters(model.state_dict(), root)
+    expected, _ = model_and_data(root, seed=root)
+    for got, want in zip(weights(model), weights(expected)):
+        assert torch.equal(got, want)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 * (rank + 1), momentum=0.9)
+    hvd.broadcast_optimizer_state(opt, root)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * size)
+    assert hvd.broadcast_object({"r": rank}, root, name="obj") == {"r": root}
+    assert hvd.broadcast_object(rank) == 0
+    assert hvd.allgather_object(rank, name="ranks") == list(range(size))
+
+
+def test_codec_keyword_keeps_ccl_defaults(hvd, comm):
+    """ccl's codec= keeps algorithm="auto" (it may send uncompressed where that is faster)."""
+    model, opt = train(hvd, codec="fp16", algorithm="ring", min_compress_bytes=0)
+    reference = reference_weights(comm, hvd.rank())
+    for got, want in zip(weights(model), reference):
+        assert (got - want).abs().max().item() < 1e-2
+
+
+def test_sparse_as_dense(hvd, comm):
+    """An embedding with sparse gradients trains as with dense ones, averaged exactly."""
+    def run(sparse):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(10, 4, sparse=sparse)
+        opt = torch.optim.SGD(emb.parameters(), lr=0.5)
+        if sparse:
+            opt = hvd.DistributedOptimizer(opt, named_parameters=emb.named_parameters(),
+                                           sparse_as_dense=True)
+        for step in range(3):
+            opt.zero_grad()
+            ids = torch.tensor([(hvd.rank() + step) % 10, 3])
+            emb(ids).sum().backward()
+            if not sparse:  # the reference: MPI's sum of the dense gradients, / size
+                total = np.empty(emb.weight.numel(), dtype=np.float32)
+                comm.Allreduce(emb.weight.grad.numpy().ravel(), total, op=MPI.SUM)
+                emb.weight.grad.copy_(torch.from_numpy(total).reshape(10, 4) / hvd.size())
+            opt.step()
+        return emb.weight.detach()
+
+    torch.testing.assert_close(run(True), run(False), rtol=1e-6, atol=1e-6)
+
+
+def test_horovod_fusion_threshold_variable(hvd, monkeypatch):
+    model, _ = model_and_data(hvd.rank())
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    default = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+    assert default.communication_stats()["buckets"] == 1  # a tiny model: one bucket
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "64")
+    model, _ = model_and_data(hvd.rank())
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    small = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+    assert small.communication_stats()["buckets"] > 1
+
+
+def test_other_horovod_variables_warn_once(comm, monkeypatch):
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME_FOR_THIS_TEST", "5")
+    with pytest.warns(RuntimeWarning, match="HOROVOD_CYCLE_TIME_FOR_THIS_TEST"):
+        ct.init(comm)
+    ct.shutdown()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ct.init(comm)  # once per process
+    ct.shutdown()
