@@ -79,7 +79,7 @@ def _codec_of(compression, codec):
     if compression is FP16Compressor or isinstance(compression, FP16Compressor):
         return get_codec("fp16")
     resolved, compressor = resolve_codec(compression)
-    if resolved is not None and resolved.codec_id == "none":
+    if resolved is not None and resolved.identity:
         return None
     if compressor is not None and compressor is not Compression.none:
         raise TypeError("DistributedOptimizer takes hvd.Compression.none, hvd.Compression.fp16 "
