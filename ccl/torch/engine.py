@@ -239,7 +239,7 @@ class Engine:
                                "reduce gradients any more")
         if isinstance(job, StepCheck):
             self.last_check = job
-        self.reductions += job.counted
+        self.reductions += getattr(job, "counted", True)  # bookkeeping jobs say False
         if self._thread is None:
             self._inline.append(job)  # run by wait(), in the calling thread
         else:
