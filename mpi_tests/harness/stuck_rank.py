@@ -17,6 +17,7 @@ The others must report the wait (naming what they waited for) and abort the
 job. A rank that ever returns from the collective prints ``UNEXPECTED``.
 """
 
+import os
 import sys
 import time
 
@@ -28,6 +29,8 @@ from ccl import transport
 from ccl.collectives import auto, hierarchical
 
 where, timeout = sys.argv[1], float(sys.argv[2])
+if where.endswith("probe"):
+    os.environ["CCL_LOCAL_SIZE"] = "1"  # a node per rank: auto measures (one node is not timed)
 comm = MPI.COMM_WORLD
 stuck = comm.size - 1
 x = np.ones(1 << 17, np.float32)  # 512 KB: auto weighs the link for it
@@ -55,7 +58,7 @@ else:
     ccl.compressed_allreduce(x[:10], "fp16", comm=comm, algorithm="ring", timeout=timeout)
     if comm.rank == stuck:
         if where == "link_probe":
-            auto.probe_link_gbps = stalling(auto.probe_link_gbps, where)
+            auto.probe_link = stalling(auto.probe_link, where)
         elif where == "latency_probe":
             auto.probe_latency = stalling(auto.probe_latency, where)
         elif where == "nodes":
