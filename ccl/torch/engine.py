@@ -204,6 +204,12 @@ class Engine:
         Further :class:`ccl.Communicator` arguments.
     """
 
+    #: An owner that takes steps (an optimizer, a DDP hook) tells the other ranks, when it is
+    #: freed, at which step it stopped (a :class:`StepCheck`); one that runs single
+    #: collectives (Horovod's API) has no steps to check, and other ranks need not free it
+    #: at the same point of their training.
+    checks_steps = True
+
     def __init__(self, runtime, codec, algorithm, op, **options):
         # Engines of optimizers (or hooks) gone since the last one was made: freed
         # now, at a point every rank reaches in the same order.
@@ -290,7 +296,7 @@ class Engine:
         stopped = self.last_check is not None and \
             getattr(self.last_check.error, "stopped", None)
         check = None
-        if not stopped and not MPI.Is_finalized():
+        if self.checks_steps and not stopped and not MPI.Is_finalized():
             check = StepCheck(self.what, CLOSE, self.steps)
             if self._thread is None:
                 check.run(self.communicator)

@@ -134,6 +134,8 @@ class OpsEngine(Engine):
         self.auto_names = collections.Counter()
         self.timeline_comm = None
 
+    checks_steps = False  # single collectives, no steps (see Engine.checks_steps)
+
     def drain(self):
         """Wait until every collective submitted so far is done."""
         marker = _Barrier()
