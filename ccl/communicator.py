@@ -12,7 +12,6 @@ import collections
 from . import collectives, config
 from .arguments import array_first, by_look, world_or
 from .collectives import Options
-from .codecs import get_codec
 from .collectives.auto import MIN_COMPRESS_BYTES
 from .feedback import ErrorFeedback
 from .transport import channel as _channel
@@ -187,13 +186,8 @@ class Communicator:
                                    key, record=self._algorithms, **overrides)
         finally:
             self._calls += 1
-            sent = channel.bytes_sent - before
-            self._bytes_sent += sent
-            codec = overrides.get("codec")
-            codec = self.codec if codec is None else get_codec(codec)
-            # an identity codec's payloads are the values themselves: sent plain as well
-            self._bytes_plain += sent if codec.identity else \
-                channel.plain_bytes_sent - plain_before
+            self._bytes_sent += channel.bytes_sent - before
+            self._bytes_plain += channel.plain_bytes_sent - plain_before
 
     @array_first(1, by_look(_CALL_ORDER), "c.allreduce(x", method=True)
     def allreduce(self, x, *, key=None, op=None, algorithm=None, check_finite=None, codec=None,

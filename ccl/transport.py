@@ -54,8 +54,9 @@ class Channel(Waiting):
     bytes_sent : int
         Payload bytes this rank put on the wire (see each method).
     plain_bytes_sent : int
-        The part of ``bytes_sent`` the MPI library's own (uncompressed)
-        collectives sent.
+        The part of ``bytes_sent`` sent uncompressed: by the MPI library's
+        own collectives, and every byte of a call whose codec is an
+        identity (``ccl.collectives.plan.run`` counts those).
     probed_link_gbps : float or None
         The link speed measured for ``auto`` (None until it is measured).
     probed_latency : float or None

@@ -258,8 +258,11 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
             record[algorithm, request.reason] += 1
         # MPI's own allreduce runs no kernel: it needs no thread budget (setting one costs
         # more than a small call's reduction)
+        sent, plain = channel.bytes_sent, channel.plain_bytes_sent
         with budgeted(None if algorithm == "mpi" else threads):
             total = _reduce(channel, feedback, request, algorithm, key, step, tag)
+        if request.codec.identity:  # its payloads are the values themselves: all sent plain
+            channel.plain_bytes_sent = plain + channel.bytes_sent - sent
         completed = True
     finally:
         channel.end(completed)

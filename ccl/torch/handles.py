@@ -30,7 +30,6 @@ class Op:
     """One queued collective: ``work(process_set)`` runs in the collectives' thread."""
 
     __slots__ = ("work", "process_set", "flight", "post", "result", "error", "done", "label")
-    counted = True  # in the engine's reductions
 
     def __init__(self, work, process_set, flight, post):
         self.work, self.process_set, self.flight, self.post = work, process_set, flight, post
