@@ -65,6 +65,19 @@ def switch(value, name="value"):
     raise ValueError(f"{name} must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
 
 
+def _seconds(value, name, zero):
+    """Seconds >= 0, ``math.inf`` for 0 (which means ``zero``), None if not given."""
+    if not _given(value):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not seconds >= 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0 (0: {zero}), got {value!r}")
+    return math.inf if seconds == 0 else seconds
+
+
 def timeout_seconds(value, name="timeout"):
     """Parse a timeout: positive seconds; ``math.inf`` (wait forever) for 0; None if not given.
 
@@ -73,16 +86,7 @@ def timeout_seconds(value, name="timeout"):
     ValueError
         For a negative, NaN or non-numeric value.
     """
-    if not _given(value):
-        return None
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if not seconds >= 0:
-        raise ValueError(f"{name} must be a number of seconds >= 0 (0: wait forever), "
-                         f"got {value!r}")
-    return math.inf if seconds == 0 else seconds
+    return _seconds(value, name, "wait forever")
 
 
 def _integer(value):
@@ -188,15 +192,7 @@ def period_seconds(value, name="value"):
     ValueError
         For a negative, NaN or non-numeric value.
     """
-    if not _given(value):
-        return None
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if not seconds >= 0:
-        raise ValueError(f"{name} must be a number of seconds >= 0 (0: off), got {value!r}")
-    return math.inf if seconds == 0 else seconds
+    return _seconds(value, name, "off")
 
 
 def _path(value, name="value"):
