@@ -257,6 +257,10 @@ VARIABLES = {v.name: v for v in (
     Variable("CCL_STALL_CHECK_SECONDS", period_seconds, "60",
              "Seconds a rank waits in a collective before it warns which ranks have not "
              "joined it (and again every period while it waits); 0 turns the warning off."),
+    Variable("CCL_TIMELINE", file_path, "unset",
+             "`ccl.torch`: write a timeline (Chrome trace) of every rank's collectives from "
+             "`init` to `shutdown` to this file (rank 0 writes it); Horovod's "
+             "`HOROVOD_TIMELINE` does the same, this one wins."),
     Variable("CCL_TEST_GPU", switch, "0",
              "Test suite: a missing GPU or cupy fails the GPU tests instead of skipping them.",
              tests_only=True),

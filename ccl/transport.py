@@ -26,7 +26,7 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
-from . import config
+from . import config, trace
 from ._staging import Stager, cuda_aware
 from .agreement import agree
 from .launch import check_launch, node_comm
@@ -207,8 +207,12 @@ class Channel(Waiting):
 
     def recv(self, source, tag):
         """Receive a payload of any length from ``source``."""
-        with self._reporting(f"a message from {self.who(source)}"):
-            return self._recv(source, tag)
+        with self._reporting(f"a message from {self.who(source)}"), \
+                trace.span("WIRE", "recv", source=source) as args:
+            payload = self._recv(source, tag)
+            if args is not None:
+                args["bytes"] = int(payload.nbytes)
+            return payload
 
     def _recv(self, source, tag):
         status = MPI.Status()

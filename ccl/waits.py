@@ -30,7 +30,7 @@ import warnings
 import numpy as np
 from mpi4py import MPI
 
-from . import config
+from . import config, trace
 
 __all__ = ["Waiting", "wait_for", "world_ranks", "stall_period", "POLL_SPIN_S",
            "POLL_SLEEP_MAX_S", "STALL_DEFAULT_S"]
@@ -145,7 +145,7 @@ class Waiting:
 
     def wait(self, request, what):
         """Wait for one request, polling against the deadline."""
-        with self._reporting(what):
+        with self._reporting(what), trace.span("WIRE", "wait", what=what):
             self._poll(request.Test, what)
 
     def wait_spinning(self, request, what):

@@ -43,6 +43,86 @@ def test_trace_holds_every_rank_and_phase(comm):
         ct.shutdown()
 
 
+def _spans_inside(events, outer):
+    """The events of ``outer``'s rank and thread that lie within its time span."""
+    end = outer["ts"] + outer["dur"]
+    return [e for e in events if e["pid"] == outer["pid"] and e["tid"] == outer["tid"]
+            and e is not outer and outer["ts"] <= e["ts"] and e["ts"] + e["dur"] <= end + 1]
+
+
+@pytest.mark.parametrize("compression", ["fp16", "3lc"])
+def test_training_steps_trace_measured_phases_of_every_rank(comm, compression):
+    """A few DistributedOptimizer steps: every rank's buckets with their phases and bytes."""
+    ct.init(comm)
+    try:
+        path = ct.broadcast_object(tempfile.mkstemp(suffix=".json")[1]
+                                   if ct.rank() == 0 else None)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                    torch.nn.Linear(64, 10))
+        codec = (ct.Compression.fp16 if compression == "fp16"
+                 else ct.Compression.codec(compression))
+        optimizer = ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                            named_parameters=model.named_parameters(),
+                                            compression=codec)
+        ct.start_timeline(path)
+        steps = 3
+        for _ in range(steps):
+            optimizer.zero_grad()
+            model(torch.randn(8, 32)).sum().backward()
+            optimizer.step()
+        ct.stop_timeline()
+        if ct.rank() != 0:
+            return
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+        os.unlink(path)
+        spans = [e for e in events if e["ph"] == "X"]
+        names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "process_name"}
+        assert names == {(r, f"rank {r}") for r in range(ct.size())}
+        for rank in range(ct.size()):
+            calls = [e for e in spans if e["pid"] == rank and e["cat"] == "allreduce"
+                     and "collective" in e["args"]]
+            assert len(calls) >= steps  # one per bucket and step
+            for call in calls:
+                args = call["args"]
+                assert args["completed"] and args["codec"] == compression
+                assert args["bytes"] > 0
+                assert (args["bytes_sent"] > 0) == (ct.size() > 1)
+                inside = {e["name"] for e in _spans_inside(spans, call)}
+                assert {"NEGOTIATE", "ENCODE", "DECODE"} <= inside, inside
+                if ct.size() > 1:
+                    assert "WIRE" in inside
+            encodes = [e for e in spans if e["pid"] == rank and e["name"] == "ENCODE"]
+            # a compressing codec: its payloads are smaller than what it encodes
+            assert 0 < sum(e["args"]["payload_bytes"] for e in encodes) \
+                < sum(e["args"]["bytes"] for e in encodes)
+    finally:
+        ct.shutdown()
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="serial test: runs its own process")
+@pytest.mark.parametrize("variable", ["CCL_TIMELINE", "HOROVOD_TIMELINE"])
+def test_timeline_variable_records_codec_phases(tmp_path, variable):
+    """The variable alone records from init to shutdown, the codec's phases included."""
+    path = tmp_path / "trace.json"
+    script = ("import torch, ccl.torch as hvd; hvd.init(); "
+              "hvd.allreduce(torch.ones(64), name='x', "
+              "compression=hvd.Compression.codec('fp16')); hvd.shutdown()")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env[variable] = str(path)
+    for name in ("PMI_SIZE", "PMI_RANK", "PMI_FD", "PMI_PORT", "HYDI_CONTROL_FD",
+                 "CCL_TIMELINE", "HOROVOD_TIMELINE"):
+        if name != variable:
+            env.pop(name, None)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    names = {e["name"] for e in json.loads(path.read_text())["traceEvents"]}
+    assert {"x", "x.0", "NEGOTIATE", "ENCODE", "DECODE"} <= names, names
+
+
 @pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="serial test: runs its own process")
 def test_horovod_timeline_variable_writes_at_shutdown(tmp_path):
     path = tmp_path / "trace.json"

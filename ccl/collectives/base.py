@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from .. import trace
 from .._xp import array_module
 from ..codecs.context import CodecContext, all_finite
 from ..feedback import OWNER, RELAY, WORKER
@@ -176,6 +177,14 @@ class Call:
     # ------------------------------------------------------------------ codec
     def encode(self, values, j, role):
         """Encode ``values`` (unit ``j``) at lossy point ``(role, j)`` with error feedback."""
+        if not trace.recording():
+            return self._encode(values, j, role)
+        with trace.span("ENCODE", self.codec.codec_id, unit=int(j), role=role) as args:
+            payload = self._encode(values, j, role)
+            args.update(bytes=int(values.nbytes), payload_bytes=int(payload.nbytes))
+        return payload
+
+    def _encode(self, values, j, role):
         inherited = self.inherited.pop(j, 0)
         if inherited:  # the partial sum holds flagged data: pass the flag on, unencoded
             return self.flagged(dominant_flag(inherited), j, values)
@@ -225,6 +234,13 @@ class Call:
 
     def _decode(self, payload, j):
         """``(values, flags)`` of a payload of unit ``j``; NaN and None if decoding raised."""
+        if trace.recording():
+            with trace.span("DECODE", self.codec.codec_id, unit=int(j),
+                            payload_bytes=int(payload.nbytes)):
+                return self._decode_unit(payload, j)
+        return self._decode_unit(payload, j)
+
+    def _decode_unit(self, payload, j):
         try:
             values, header = self.codec.decode_with_header(payload, self.context(j))
             return values, header.flags
@@ -321,6 +337,10 @@ class Call:
 
     def add(self, a, b, j):
         """Homomorphic sum of two payloads of unit ``j`` (flags combine; ``FAILED`` if it raises)."""
+        with trace.span("ADD", self.codec.codec_id, unit=int(j)):
+            return self._add(a, b, j)
+
+    def _add(self, a, b, j):
         try:
             return self.codec.add(a, b, self.context(j))
         except Exception as exc:

@@ -23,7 +23,7 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
-from .. import config
+from .. import config, trace
 from .._xp import backend_of
 from ..agreement import Fingerprinted, agree, report_failure
 from ..codecs import get_codec
@@ -245,10 +245,13 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
             request.error = exc
     tag = channel.begin(f"{collective}(key={key!r})", request.timeout)
     completed = False
+    began, sent, plain = trace.now(), channel.bytes_sent, channel.plain_bytes_sent
+    algorithm = None
     try:
         step = feedback.step(key) if key is not None else channel.calls
-        flagged = agree(channel.comm, collective, request.fields(key, step), request.error,
-                        [("nonfinite", request.nonfinite)], wait=channel.wait)
+        with trace.span("NEGOTIATE", collective):
+            flagged = agree(channel.comm, collective, request.fields(key, step), request.error,
+                            [("nonfinite", request.nonfinite)], wait=channel.wait)
         if flagged["nonfinite"]:
             raise NonFiniteError(f"NaN or Inf in the input of rank(s) {flagged['nonfinite']} "
                                  f"to {collective} (check_finite=True)")
@@ -266,6 +269,8 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
         completed = True
     finally:
         channel.end(completed)
+        if trace.recording():
+            _trace_call(channel, request, key, algorithm, began, sent, plain, completed)
     options, codec, p = request.options, request.codec, channel.size
     if options.op == "mean" and not codec.predivide_mean and p > 1:
         total = total / p
@@ -281,6 +286,17 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
             f"the sum does not fit {request.x.dtype}: use op='mean', scale the input down, "
             "or reduce float32")
     return result.reshape(request.x.shape) if collective == "allreduce" else result
+
+
+def _trace_call(channel, request, key, algorithm, began, sent, plain, completed):
+    """Record the whole call as a timeline event (:mod:`ccl.trace`)."""
+    ok = request.error is None
+    trace.add(request.collective if key is None else str(key), request.collective, began,
+              trace.now(), collective=request.collective, key=None if key is None else str(key),
+              codec=None if request.codec is None else request.codec.codec_id,
+              algorithm=algorithm, bytes=int(request.x.nbytes) if ok else None,
+              bytes_sent=int(channel.bytes_sent - sent),
+              plain_bytes_sent=int(channel.plain_bytes_sent - plain), completed=completed)
 
 
 def _reduce(channel, feedback, request, algorithm, key, step, tag):

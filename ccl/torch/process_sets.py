@@ -12,7 +12,6 @@ the orders match and raises on every rank of the set when they do not).
 """
 
 import collections
-import os
 import threading
 
 from mpi4py import MPI
@@ -212,8 +211,9 @@ def init(comm=None, process_sets=None):
     _runtime.init(comm)
     warn_ignored()
     engine = ops_engine()
-    if os.environ.get("HOROVOD_TIMELINE") and engine.timeline_comm is None:
-        timeline.start_timeline(os.environ["HOROVOD_TIMELINE"])
+    path = timeline.path_from_environment()
+    if path and engine.timeline_comm is None:
+        timeline.start_timeline(path)
         engine.timeline_comm = _runtime.current().comm
     for process_set in process_sets or []:
         add_process_set(process_set)

@@ -132,7 +132,8 @@ def allreduce(process_set, tensors, op, name, prescale, postscale, codec, error)
     for indices in groups.values():
         flat = torch.cat([_scale(_work(tensors[i]), prescale).reshape(-1) for i in indices])
         if flat.numel():
-            process_set._comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=_MPI_OPS[op])
+            with timeline.phase("WIRE", "MPI_Allreduce", bytes=flat.numel() * flat.element_size()):
+                process_set._comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=_MPI_OPS[op])
         _scale(flat, post)
         offset = 0
         for i in indices:
@@ -159,8 +160,10 @@ def allgather(process_set, tensors, name, error):
         counts = [int(d) * row for d in dims[:, i]]
         out = torch.empty((int(dims[:, i].sum()),) + tuple(t.shape[1:]), dtype=t.dtype)
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64).tolist()
-        comm.Allgatherv([_bytes(t), MPI.BYTE],
-                        [out.reshape(-1).view(torch.uint8).numpy(), (counts, displs), MPI.BYTE])
+        with timeline.phase("WIRE", "MPI_Allgatherv", bytes=sum(counts)):
+            comm.Allgatherv([_bytes(t), MPI.BYTE],
+                            [out.reshape(-1).view(torch.uint8).numpy(), (counts, displs),
+                             MPI.BYTE])
         results.append((out.to(t.device), dims[:, i].tolist()))
     return results
 
@@ -175,7 +178,8 @@ def broadcast(process_set, tensors, root_rank, name, error):
     for t in tensors:
         buf = _bytes(t).copy() if comm.Get_rank() == root else \
             np.empty(t.numel() * t.element_size(), dtype=np.uint8)
-        comm.Bcast([buf, MPI.BYTE], root=root)
+        with timeline.phase("WIRE", "MPI_Bcast", bytes=int(buf.size)):
+            comm.Bcast([buf, MPI.BYTE], root=root)
         out = torch.from_numpy(buf).view(t.dtype).reshape(t.shape)
         results.append(out.to(t.device))
     return results

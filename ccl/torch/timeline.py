@@ -1,13 +1,18 @@
 """Horovod's timeline: a Chrome trace (chrome://tracing, Perfetto) of ``ccl.torch``'s collectives.
 
-While a timeline records, every tensor collective of this rank adds a
-complete event (its name, kind, start and duration) and a ``NEGOTIATE``
-event inside it for the agreement of the ranks on the call; the rest of
-the event is the data on the wire (encode, transfer and decode for a
-codec). :func:`~ccl.torch.stop_timeline` (collective) gathers every rank's events on
-rank 0, which writes one trace file, one process row per rank.
-``HOROVOD_TIMELINE=file.json`` starts one at :func:`~ccl.torch.init` and
-writes it at :func:`~ccl.torch.shutdown`.
+While a timeline records, every collective of this rank adds measured events
+(:mod:`ccl.trace`): one per ``hvd.*`` tensor collective (named as its tensor,
+with a ``NEGOTIATE`` event inside for the ranks' agreement on the call and a
+``WIRE`` event for the MPI library's transfer), and one per collective of
+ccl's engine (``DistributedOptimizer``'s buckets, named by their key, and
+tensors given a ccl codec as ``compression=``) with its ``NEGOTIATE``,
+``ENCODE``, ``DECODE``, ``ADD`` and ``WIRE`` spans and the bytes it sent.
+:func:`~ccl.torch.stop_timeline` (collective) gathers every rank's events on
+rank 0, which writes one trace file: one process row per rank, one thread row
+per thread that ran collectives. ``HOROVOD_TIMELINE=file.json`` (or its twin
+``CCL_TIMELINE``, which wins when both are set) starts one at
+:func:`~ccl.torch.init` and writes it at :func:`~ccl.torch.shutdown`.
+``python -m ccl.bench.timeline_plot`` draws one.
 
 >>> import ccl.torch as hvd
 >>> hvd.init()
@@ -15,41 +20,41 @@ writes it at :func:`~ccl.torch.shutdown`.
 >>> hvd.stop_timeline()
 """
 
-import contextlib
 import json
-import threading
-import time
+import os
 
-__all__ = ["start_timeline", "write", "record", "phase", "active"]
+from .. import config, trace
 
-_LOCK = threading.Lock()
-_STATE = {"path": None, "events": None}
+__all__ = ["start_timeline", "write", "record", "phase", "active", "path_from_environment"]
+
+_STATE = {"path": None}
 
 
 def active():
     """Whether a timeline is recording on this rank."""
-    return _STATE["events"] is not None
+    return trace.recording()
 
 
 def record(name, category, start, end, **args):
     """Add a complete event (times from ``time.perf_counter``) if a timeline records."""
-    events = _STATE["events"]
-    if events is not None:
-        with _LOCK:
-            events.append({"name": name, "cat": category, "ph": "X",
-                           "ts": (start - _STATE["zero"]) * 1e6,
-                           "dur": (end - start) * 1e6, "args": args})
+    trace.add(name, category, start, end, **args)
 
 
-@contextlib.contextmanager
-def phase(name, category):
+def phase(name, category, **args):
     """Time the enclosed code as an event ``name`` (when a timeline records)."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        if _STATE["events"] is not None:
-            record(name, category, start, time.perf_counter())
+    return trace.span(name, category, **args)
+
+
+def path_from_environment(environ=None):
+    """The file ``CCL_TIMELINE`` or else ``HOROVOD_TIMELINE`` names, or None.
+
+    >>> path_from_environment({"HOROVOD_TIMELINE": "a.json", "CCL_TIMELINE": "b.json"})
+    'b.json'
+    >>> path_from_environment({"HOROVOD_TIMELINE": "a.json"})
+    'a.json'
+    """
+    environ = os.environ if environ is None else environ
+    return config.read("CCL_TIMELINE", environ) or (environ.get("HOROVOD_TIMELINE") or None)
 
 
 def start_timeline(file_path, mark_cycles=False):
@@ -70,29 +75,32 @@ def start_timeline(file_path, mark_cycles=False):
     >>> hvd.stop_timeline()
     """
     del mark_cycles
-    with _LOCK:
-        # the wall clock at zero lets rank 0 line the ranks' rows up
-        _STATE.update(path=str(file_path), events=[], zero=time.perf_counter(),
-                      wall=time.time())
+    _STATE["path"] = str(file_path)
+    trace.start()
 
 
 def write(comm):
     """Gather every rank's events on rank 0 and write the trace there (collective on ``comm``)."""
-    with _LOCK:
-        path, events, wall = _STATE["path"], _STATE["events"], _STATE.get("wall", 0.0)
-        _STATE.update(path=None, events=None)
-    gathered = comm.gather((path, wall, events), root=0)
+    path, _STATE["path"] = _STATE["path"], None
+    recorded = trace.stop()
+    gathered = comm.gather((path, recorded), root=0)
     if comm.Get_rank() != 0:
         return
-    path = next((p for p, _, _ in gathered if p), None)
+    path = next((p for p, _ in gathered if p), None)
     if path is None:
         return
-    first = min(w for p, w, _ in gathered if p)
-    trace = []
-    for rank, (_, wall, events) in enumerate(gathered):
-        trace.append({"name": "process_name", "ph": "M", "pid": rank,
-                      "args": {"name": f"rank {rank}"}})
-        for event in events or []:
-            trace.append(dict(event, pid=rank, tid=0, ts=event["ts"] + (wall - first) * 1e6))
+    # the wall clocks at the starts line the ranks' rows up
+    first = min(r["wall"] for _, r in gathered if r is not None)
+    out = []
+    for rank, (_, recorded) in enumerate(gathered):
+        out.append({"name": "process_name", "ph": "M", "pid": rank,
+                    "args": {"name": f"rank {rank}"}})
+        if recorded is None:
+            continue
+        for tid, name in sorted(recorded["threads"].items()):
+            out.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
+                        "args": {"name": name}})
+        shift = (recorded["wall"] - first) * 1e6
+        out.extend(dict(e, pid=rank, ts=e["ts"] + shift) for e in recorded["events"])
     with open(path, "w") as f:
-        json.dump({"traceEvents": trace, "displayTimeUnit": "ms"}, f)
+        json.dump({"traceEvents": out, "displayTimeUnit": "ms"}, f)
