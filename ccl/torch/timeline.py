@@ -48,10 +48,9 @@ def phase(name, category, **args):
 def path_from_environment(environ=None):
     """The file ``CCL_TIMELINE`` or else ``HOROVOD_TIMELINE`` names, or None.
 
-    >>> path_from_environment({"HOROVOD_TIMELINE": "a.json", "CCL_TIMELINE": "b.json"})
-    'b.json'
-    >>> path_from_environment({"HOROVOD_TIMELINE": "a.json"})
-    'a.json'
+    >>> both = {"HOROVOD_TIMELINE": "a.json", "CCL_TIMELINE": "b.json"}
+    >>> path_from_environment(both), path_from_environment({"HOROVOD_TIMELINE": "a.json"})
+    ('b.json', 'a.json')
     """
     environ = os.environ if environ is None else environ
     return config.read("CCL_TIMELINE", environ) or (environ.get("HOROVOD_TIMELINE") or None)
