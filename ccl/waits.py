@@ -32,8 +32,8 @@ from mpi4py import MPI
 
 from . import config, trace
 
-__all__ = ["Waiting", "wait_for", "world_ranks", "stall_period", "POLL_SPIN_S",
-           "POLL_SLEEP_MAX_S", "STALL_DEFAULT_S"]
+__all__ = ["Waiting", "wait_for", "world_ranks", "stall_period", "set_default_stall_period",
+           "POLL_SPIN_S", "POLL_SLEEP_MAX_S", "STALL_DEFAULT_S"]
 
 #: Seconds a wait tests its request and yields the core between tests
 #: (``sched_yield``), before it sleeps between them. Yielding lets a rank that
@@ -53,6 +53,9 @@ DRAIN_EVERY = 64
 _yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
+_STALL = {"default": STALL_DEFAULT_S}
+
+
 def stall_period():
     """Seconds after which a wait warns (``math.inf``: never), from ``CCL_STALL_CHECK_SECONDS``.
 
@@ -60,7 +63,17 @@ def stall_period():
     variable is part of it); here it falls back to the default.
     """
     value = config.read_or_none("CCL_STALL_CHECK_SECONDS")
-    return STALL_DEFAULT_S if value is None else value
+    return _STALL["default"] if value is None else value
+
+
+def set_default_stall_period(seconds):
+    """Use ``seconds`` (``math.inf``: never warn) where ``CCL_STALL_CHECK_SECONDS`` is unset.
+
+    ``ccl.torch`` sets it from Horovod's ``HOROVOD_STALL_CHECK_TIME_SECONDS``
+    and ``HOROVOD_STALL_CHECK_DISABLE``; None restores ``STALL_DEFAULT_S``.
+    Channels read it when a collective begins.
+    """
+    _STALL["default"] = STALL_DEFAULT_S if seconds is None else float(seconds)
 
 
 def world_ranks(comm):

@@ -18,10 +18,11 @@ from mpi4py import MPI
 
 from ..agreement import agree
 from ..api import Communicator
+from ..waits import set_default_stall_period
 from . import runtime as _runtime
 from . import timeline
 from .engine import Engine
-from .horovod_env import warn_ignored
+from .horovod_env import stall_check, warn_ignored
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
            "init", "ops_engine"]
@@ -208,8 +209,10 @@ def init(comm=None, process_sets=None):
         group.Free()
         if comm is None:
             return  # like Horovod: ranks outside the list stay uninitialised
+    stall = stall_check()  # a bad value raises before any collective
     _runtime.init(comm)
     warn_ignored()
+    set_default_stall_period(stall)
     engine = ops_engine()
     path = timeline.path_from_environment()
     if path and engine.timeline_comm is None:
