@@ -87,22 +87,10 @@ def fusion_threshold(environ=None, default=None):
 
 
 def stall_check(environ=None):
-    """The stall inspector's period that Horovod's variables ask for (None: not set).
+    """The stall inspector's period Horovod's variables in ``environ`` ask for, or None.
 
-    Parameters
-    ----------
-    environ : mapping, optional
-        Default ``os.environ``.
-
-    Returns
-    -------
-    float or None
-        Seconds (``math.inf`` when ``HOROVOD_STALL_CHECK_DISABLE`` is on).
-
-    Raises
-    ------
-    ValueError
-        For a value that is not a switch or a number of seconds >= 0.
+    ``math.inf`` (never warn) when ``HOROVOD_STALL_CHECK_DISABLE`` is on;
+    a value that is not a switch or seconds >= 0 raises ``ValueError``.
     """
     environ = os.environ if environ is None else environ
     if config.switch(environ.get("HOROVOD_STALL_CHECK_DISABLE"),
