@@ -130,7 +130,7 @@ def train(comm, method, data, args, progress):
                median_step_s=float(np.median(times[args.warmup:] or times)),
                final_accuracy=curve[-1][2], bytes_per_step=bytes_per_step,
                bytes_source=source)
-    if kind(method) == "ccl":
+    if kind(method) in ("ccl", "hvd"):
         stats = optimizer.communication_stats()
         row.update(buckets=stats["buckets"], compressed_buckets=stats["compressed_buckets"])
     return comm.bcast(row, root=0)
@@ -140,7 +140,7 @@ def run_methods(comm, methods, data, args, progress):
     """Every method's row, the ``ccl`` ones in one ``ccl.torch`` session, the DDP ones in
     one gloo group, the hook ones with both; rows come back in the order of ``methods``."""
     rows = {}
-    group = [m for m in methods if kind(m) == "ccl"]
+    group = [m for m in methods if kind(m) in ("ccl", "hvd")]
     if group:
         import ccl
         import ccl.torch as ct
@@ -234,7 +234,7 @@ def plot(rows, target, title, path):
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5),
                                       gridspec_kw={"width_ratios": [3, 2]})
-    styles = {"ccl": "-", "ddp": "--", "hook": "-.", "local": ":"}
+    styles = {"ccl": "-", "ddp": "--", "hook": "-.", "hvd": "-", "local": ":"}
     for r in rows:
         _, seconds, accuracy = zip(*r["curve"])
         left.plot(seconds, accuracy, styles[kind(r["method"])], marker=".",

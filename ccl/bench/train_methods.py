@@ -15,6 +15,11 @@ initial weights (:func:`ccl.bench.torch_digits.mlp` with the run's seed):
 - ``hook/<codec>``: ``DistributedDataParallel`` on gloo with ccl's codec as
   its communication hook (:func:`ccl.torch.ddp_comm_hook`, default settings),
   DDP's default buckets;
+- ``hvd/<compression>``: a Horovod program's setup, unchanged but for
+  ``import ccl.torch as hvd`` (:func:`horovod_style`): ``broadcast_parameters``,
+  ``broadcast_optimizer_state`` and ``hvd.DistributedOptimizer`` with
+  ``compression=hvd.Compression.fp16`` or ``hvd.Compression.codec("3lc")``
+  (always compressed, on the algorithm that fits the codec);
 - ``local``: no communication at all, each rank steps on its own gradient
   (the floor of the step time).
 
@@ -34,15 +39,17 @@ from mpi4py import MPI
 DDP_HOOKS = ("none", "fp16", "powersgd")
 CCL_CODECS = ("none", "fp16", "3lc", "onebit", "thc", "sidco", "topk")
 HOOK_CODECS = ("3lc", "onebit")
+HVD_COMPRESSIONS = ("fp16", "3lc")
 METHODS = (tuple(f"ddp/{h}" for h in DDP_HOOKS) + tuple(f"ccl/{c}" for c in CCL_CODECS)
-           + tuple(f"hook/{c}" for c in HOOK_CODECS) + ("local",))
+           + tuple(f"hook/{c}" for c in HOOK_CODECS)
+           + tuple(f"hvd/{c}" for c in HVD_COMPRESSIONS) + ("local",))
 POWERSGD_RANK = 4
 POWERSGD_START = 2  # powerSGD_hook's minimum with error feedback (buckets rebuild after step 1)
 _SIOCGIFADDR = 0x8915
 
 
 def kind(method):
-    """``"ddp"``, ``"ccl"``, ``"hook"`` or ``"local"``: which runtime ``method`` needs."""
+    """``"ddp"``, ``"ccl"``, ``"hook"``, ``"hvd"`` or ``"local"``: which runtime ``method`` needs."""
     return method.split("/", 1)[0]
 
 
@@ -199,6 +206,9 @@ def build(method, hidden, seed, lr):
         model.register_comm_hook(state, hook)
         optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
         return model, optimizer, lambda: state.communicator.stats()["bytes_sent"]
+    if family == "hvd":
+        optimizer = horovod_style(model, lr, name)
+        return model, optimizer, lambda: optimizer.communication_stats()["bytes_sent"]
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     if family != "ccl":
         return model, optimizer, None
@@ -206,6 +216,28 @@ def build(method, hidden, seed, lr):
     optimizer = ct.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                         codec=name)
     return model, optimizer, lambda: optimizer.communication_stats()["bytes_sent"]
+
+
+def horovod_style(model, lr, compression):
+    """A Horovod program's setup (``pytorch_mnist.py``'s), with ``ccl.torch`` as ``hvd``.
+
+    ``hvd.init()`` has run (``ccl.bench.train`` initialises ``ccl.torch``
+    once for every method that needs it). The learning rate is not scaled by
+    ``hvd.size()``, as in every other method of the benchmark.
+    """
+    import torch
+
+    import ccl.torch as hvd  # import horovod.torch as hvd
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    if compression == "fp16":
+        compression = hvd.Compression.fp16
+    else:  # any ccl codec, beyond Horovod's fp16
+        compression = hvd.Compression.codec(compression)
+    return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                    compression=compression)
 
 
 def ddp_bytes_per_step(method, model, ranks, steps):
