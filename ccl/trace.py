@@ -22,8 +22,8 @@ engine records what each collective spends its time on, as complete events
 Events nest in time on their thread (a pipelined ring encodes the next
 segment while the previous one is on the wire, so ``WIRE`` spans are only the
 waits, not the whole transfer). When no trace records, each instrumented point
-costs one attribute test. :mod:`ccl.torch.timeline` writes the events of every
-rank as one file.
+costs one attribute test. ``ccl.torch``'s timeline
+(:func:`ccl.torch.start_timeline`) writes the events of every rank as one file.
 
 >>> from ccl import trace
 >>> trace.start()

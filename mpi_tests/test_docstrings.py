@@ -49,7 +49,7 @@ DOCTEST_MODULES = [
     "ccl.codecs.context", "ccl.codecs.registry",
     "ccl.codecs.casts", "ccl.codecs.threelc", "ccl.codecs.thc",
     "ccl.codecs.sparse", "ccl.codecs.sidco", "ccl.codecs.randomk", "ccl.codecs.onebit", "ccl.codecs.dithering",
-    "ccl.collectives.auto",
+    "ccl.collectives.auto", "ccl.trace", "ccl.run",
 ] + TORCH_MODULES
 
 

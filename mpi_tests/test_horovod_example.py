@@ -41,3 +41,22 @@ def test_horovod_script_trains(ranks, args):
     found = accuracies(ranks, *args)
     assert max(found) > 85.0  # 10 classes: chance is 10%
     assert found[-1] > found[0]
+
+
+@serial
+def test_fp16_allreduce_reaches_the_accuracy_of_exact_averaging():
+    exact = accuracies(2)
+    fp16 = accuracies(2, "--fp16-allreduce")
+    assert abs(fp16[-1] - exact[-1]) <= 3.0, (exact, fp16)  # 3 points of 397 test images
+
+
+@serial
+@pytest.mark.parametrize("args", [[], ["--fp16-allreduce"]])
+def test_horovod_synthetic_benchmark_runs_unchanged(args):
+    script = os.path.join(ROOT, "examples", "horovod_synthetic.py")
+    result = launch(["-m", "mpi4py", script, "--num-iters", "2", "--num-batches-per-iter", "2",
+                     *args], 2, JOB_TIMEOUT)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert re.search(r"^Total img/sec on 2 CPU\(s\): \S+ \+-\S+$", result.stdout, re.MULTILINE)
+    # every rank stepped on the same averaged gradients
+    assert "Largest weight difference between ranks: 0\n" in result.stdout

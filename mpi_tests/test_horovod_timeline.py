@@ -50,6 +50,24 @@ def _spans_inside(events, outer):
             and e is not outer and outer["ts"] <= e["ts"] and e["ts"] + e["dur"] <= end + 1]
 
 
+def _check_picture(path, steps):
+    """python -m ccl.bench.timeline_plot finds the steps and draws one."""
+    pytest.importorskip("matplotlib")
+    from ccl.bench import timeline_plot
+
+    events, rows = timeline_plot.load(path)
+    assert len(rows) >= ct.size()
+    first, last = timeline_plot.step_window(events, 0), timeline_plot.step_window(events)
+    assert first[0] < first[1] <= last[0] < last[1]
+    with pytest.raises(ValueError, match=f"holds {steps} step"):
+        timeline_plot.step_window(events, steps)
+    png = path + ".png"
+    assert timeline_plot.main([path, "--png", png, "--step", "1"]) == 0
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    os.unlink(png)
+
+
 @pytest.mark.parametrize("compression", ["fp16", "3lc"])
 def test_training_steps_trace_measured_phases_of_every_rank(comm, compression):
     """A few DistributedOptimizer steps: every rank's buckets with their phases and bytes."""
@@ -76,6 +94,7 @@ def test_training_steps_trace_measured_phases_of_every_rank(comm, compression):
             return
         with open(path) as f:
             events = json.load(f)["traceEvents"]
+        _check_picture(path, steps)
         os.unlink(path)
         spans = [e for e in events if e["ph"] == "X"]
         names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "process_name"}
