@@ -49,7 +49,7 @@ _SIOCGIFADDR = 0x8915
 
 
 def kind(method):
-    """``"ddp"``, ``"ccl"``, ``"hook"``, ``"hvd"`` or ``"local"``: which runtime ``method`` needs."""
+    """``"ddp"``, ``"ccl"``, ``"hook"``, ``"hvd"`` or ``"local"``: the runtime ``method`` needs."""
     return method.split("/", 1)[0]
 
 
