@@ -254,7 +254,7 @@ def build(args, flavour=None, environ=None, plugin=None):
     environ : mapping, optional
         Where ``SLURM_JOB_ID`` is looked up (default ``os.environ``).
     plugin : str, optional
-        srun's ``--mpi`` plugin (default :func:`srun_plugin`).
+        srun's ``--mpi`` plugin (default: from ``CCL_SRUN_MPI`` or the MPI library).
 
     Returns
     -------
