@@ -1,0 +1,216 @@
+"""The cost model against the emulated cluster: predicted against measured, host by host.
+
+``python -m ccl.bench.validate --out DIR --hosts 2 3 4 6 8 12 16 --rates 100mbit 1gbit``
+(root) starts one job per host count and rate on
+:class:`ccl.bench.cluster.EmulatedCluster` (one rank per host). Each job first
+measures what ``auto`` measures on its communicator (the link profile of
+:func:`ccl.collectives.link.profile`: link speed, latency, share of cores),
+then times every codec x algorithm x size with ``python -m ccl.bench``'s
+sweep (:func:`ccl.bench.allreduce.run`), and writes both to
+``DIR/<hosts>x<rate>.json``. A job whose file exists is not run again, so a
+sweep that was stopped goes on where it stopped.
+
+``python -m ccl.bench.validate --report DIR [--plot FILE]`` predicts every
+measured row with :mod:`ccl.collectives.model` from the job's own profile
+and the calibrated codec figures, and prints the share of points within
+20%, a table of the points and the measured against the modelled error.
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+
+__all__ = ["main", "predicted_rows", "summary"]
+
+ALGORITHMS = ["ring", "tree", "direct", "allgather"]
+#: A point is "within" when predicted / measured lies in [1 / (1 + TOLERANCE), 1 + TOLERANCE].
+TOLERANCE = 0.2
+
+
+def _inner(args):
+    """One job under mpiexec: the profile, then the sweep; rank 0 writes the JSON file."""
+    from mpi4py import MPI
+
+    import ccl
+    from ccl.codecs import get_codec
+    from ccl.collectives import link
+    from ccl.transport import channel as _channel
+
+    from . import allreduce
+
+    comm = MPI.COMM_WORLD
+    codecs = [get_codec(c) for c in args.codecs]
+    ccl.warmup([c.codec_id for c in codecs])
+    found = dict(link.profile(_channel(comm), "probe"))
+    found["nodes"] = list(found["nodes"])
+    rows = allreduce.run(comm, codecs, args.algorithms, args.sizes, args.reps, args.warmup,
+                         link_gbps=found["link_gbps"], codec_bound=False)
+    if comm.rank == 0:
+        with open(args.inner, "w") as f:
+            json.dump({"ranks": comm.size, "rate": args.rate, "profile": found,
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+def _sweep(args):
+    from .cluster import EmulatedCluster
+
+    os.makedirs(args.out, exist_ok=True)
+    for rate in args.rates:
+        for hosts in args.hosts:
+            path = os.path.join(args.out, f"{hosts}x{rate}.json")
+            if os.path.exists(path):
+                continue
+            sizes = [s for s in args.sizes if hosts <= args.max_hosts.get(s, hosts)]
+            cmd = [sys.executable, "-m", "mpi4py", "-m", "ccl.bench.validate",
+                   "--inner", path, "--rate", rate, "--reps", str(args.reps),
+                   "--warmup", str(args.warmup), "--codecs", *args.codecs,
+                   "--algorithms", *args.algorithms, "--sizes", *map(str, sizes)]
+            print(f"== {hosts} hosts at {rate}: {len(sizes)} sizes", flush=True)
+            with EmulatedCluster(hosts, rate) as cluster:
+                try:
+                    result = cluster.run(cmd, timeout=args.timeout)
+                except subprocess.TimeoutExpired:
+                    print(f"   killed after {args.timeout:g} s", flush=True)
+                    continue
+            if result.returncode:
+                print(f"   exit status {result.returncode}", flush=True)
+    return 0
+
+
+def predicted_rows(job, inputs=None):
+    """Every measured row of one job's file, with the model's time, bytes and error added.
+
+    Parameters
+    ----------
+    job : dict
+        A file written by a job (``ranks``, ``profile``, ``rows``).
+    inputs : ccl.collectives.model.Inputs, optional
+        Calibrated codec figures (default: :func:`ccl.collectives.model.load_inputs`).
+
+    Returns
+    -------
+    list of dict
+        The rows, each with ``predicted_s``, ``predicted_bytes`` and ``predicted_error``.
+    """
+    from ccl.codecs import get_codec
+    from ccl.collectives import model
+
+    inputs = inputs or model.load_inputs()
+    prof = job["profile"]
+    machine = model.Machine(link_gbps=prof["link_gbps"], latency_s=prof["latency_s"],
+                            share=prof["share"])
+    out = []
+    for row in job["rows"]:
+        codec = None if row["algorithm"] == "mpi" else get_codec(row["config"])
+        guess = model.predict(row["resolved"], codec, row["bytes"], job["ranks"], machine,
+                              inputs, segment_bytes=row.get("segment_bytes"))
+        out.append(dict(row, predicted_s=guess.seconds, predicted_bytes=guess.sent_bytes,
+                        predicted_error=guess.error, rate=job.get("rate")))
+    return out
+
+
+def summary(rows):
+    """``(within, total)``: the points whose predicted time is within :data:`TOLERANCE`."""
+    ratios = [r["predicted_s"] / r["time_s"] for r in rows if r["time_s"] > 0]
+    within = sum(1 / (1 + TOLERANCE) <= q <= 1 + TOLERANCE for q in ratios)
+    return within, len(ratios)
+
+
+def _report(args):
+    rows = []
+    for name in sorted(os.listdir(args.report)):
+        if name.endswith(".json"):
+            with open(os.path.join(args.report, name)) as f:
+                rows += predicted_rows(json.load(f))
+    rows.sort(key=lambda r: (r["rate"], r["ranks"], r["bytes"], r["codec"], r["algorithm"]))
+    within, total = summary(rows)
+    print(f"predicted time within {TOLERANCE:.0%} of measured: {within} of {total} points "
+          f"({within / max(total, 1):.0%})")
+    print("\n| rate | ranks | MB | codec | algorithm | measured ms | predicted ms | "
+          "pred/meas | error measured | error modelled |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        q = r["predicted_s"] / r["time_s"]
+        mark = "" if 1 / (1 + TOLERANCE) <= q <= 1 + TOLERANCE else " **miss**"
+        print(f"| {r['rate']} | {r['ranks']} | {r['bytes'] / 2**20:g} | {r['codec']} | "
+              f"{r['algorithm']} | {r['time_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | "
+              f"{q:.2f}{mark} | {r['rel_error']:.2e} | {r['predicted_error']:.2e} |")
+    if args.plot:
+        _plot(rows, args.plot)
+    return 0
+
+
+def _plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 5))
+    for rate, marker in (("100mbit", "o"), ("1gbit", "s")):
+        pick = [r for r in rows if r["rate"] == rate]
+        if not pick:
+            continue
+        ax.scatter([r["time_s"] for r in pick], [r["predicted_s"] for r in pick], s=12,
+                   c=[math.log2(r["ranks"]) for r in pick], marker=marker, cmap="viridis",
+                   label=rate)
+        lossy = [r for r in pick if r["rel_error"] > 0]
+        bx.scatter([r["rel_error"] for r in lossy], [r["predicted_error"] for r in lossy],
+                   s=12, marker=marker, c=[math.log2(r["ranks"]) for r in lossy],
+                   cmap="viridis", label=rate)
+    for axis, what in ((ax, "time (s)"), (bx, "relative error")):
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        low, high = axis.get_xlim()
+        axis.plot([low, high], [low, high], "k-", lw=0.8)
+        if what.startswith("time"):
+            axis.plot([low, high], [low * 1.2, high * 1.2], "k:", lw=0.6)
+            axis.plot([low, high], [low / 1.2, high / 1.2], "k:", lw=0.6)
+        axis.set_xlabel(f"measured {what}")
+        axis.set_ylabel(f"modelled {what}")
+        axis.legend(title="colour: log2 ranks")
+    ax.set_title("allreduce time, 2-16 emulated hosts")
+    bx.set_title("one-shot error of the sum")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv=None):
+    from .cli import size_arg
+
+    parser = argparse.ArgumentParser(
+        prog="python -m ccl.bench.validate",
+        description="Measure codecs x algorithms on emulated clusters of several sizes (root), "
+                    "or report the cost model's predictions against such measurements.")
+    parser.add_argument("--out", help="directory of the jobs' JSON files (sweep)")
+    parser.add_argument("--report", help="directory to report on (no MPI, no root)")
+    parser.add_argument("--plot", help="with --report: write the predicted-vs-measured plot")
+    parser.add_argument("--hosts", type=int, nargs="+", default=[2, 3, 4, 6, 8, 12, 16])
+    parser.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])
+    parser.add_argument("--codecs", nargs="+", default=["fp16", "3lc", "onebit", "thc", "sidco"])
+    parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS)
+    parser.add_argument("--sizes", nargs="+", type=size_arg, default=[1 << 20, 16 << 20])
+    parser.add_argument("--max-hosts", nargs="*", default=[],
+                        help="SIZE:HOSTS pairs: run SIZE only up to HOSTS hosts (memory)")
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--inner", help=argparse.SUPPRESS)
+    parser.add_argument("--rate", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.inner:
+        return _inner(args)
+    if args.report:
+        return _report(args)
+    if not args.out:
+        parser.error("give --out DIR (sweep) or --report DIR")
+    args.max_hosts = {size_arg(k): int(v) for k, v in (p.split(":") for p in args.max_hosts)}
+    return _sweep(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
