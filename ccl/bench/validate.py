@@ -26,6 +26,8 @@ import sys
 __all__ = ["main", "predicted_rows", "summary"]
 
 ALGORITHMS = ["ring", "tree", "direct", "allgather"]
+#: The emulated links' token bucket (``ccl.bench.network.TBF``: ``burst 512kb``).
+BURST_BYTES = 512 * 1024
 #: A point is "within" when predicted / measured lies in [1 / (1 + TOLERANCE), 1 + TOLERANCE].
 TOLERANCE = 0.2
 
@@ -44,8 +46,12 @@ def _inner(args):
     comm = MPI.COMM_WORLD
     codecs = [get_codec(c) for c in args.codecs]
     ccl.warmup([c.codec_id for c in codecs])
-    found = dict(link.profile(_channel(comm), "probe"))
+    channel = _channel(comm)
+    found = dict(link.profile(channel, "probe"))
     found["nodes"] = list(found["nodes"])
+    # what auto measures too: each codec as every rank runs it at once, at this load
+    found["codec_gbps"] = {json.dumps(c.get_config(), sort_keys=True):
+                           list(link.codec_speeds(channel, c)) for c in codecs}
     rows = allreduce.run(comm, codecs, args.algorithms, args.sizes, args.reps, args.warmup,
                          link_gbps=found["link_gbps"], codec_bound=False)
     if comm.rank == 0:
@@ -81,33 +87,60 @@ def _sweep(args):
     return 0
 
 
-def predicted_rows(job, inputs=None):
+def predicted_rows(job, link="rate"):
     """Every measured row of one job's file, with the model's time, bytes and error added.
 
     Parameters
     ----------
     job : dict
-        A file written by a job (``ranks``, ``profile``, ``rows``).
-    inputs : ccl.collectives.model.Inputs, optional
-        Calibrated codec figures (default: :func:`ccl.collectives.model.load_inputs`).
+        A file written by a job (``ranks``, ``rate``, ``profile``, ``rows``).
+    link : {"rate", "probe", "mpi"}
+        The link speed the model is given: the emulated links' rate (with
+        their token bucket's burst, :data:`ccl.bench.network.TBF`); what
+        the job's probe measured (``auto``'s view; no burst); or the rate
+        ``MPI_Allreduce`` reached at the same size in the same job (its rows
+        are then left out: they would predict themselves).
 
     Returns
     -------
     list of dict
         The rows, each with ``predicted_s``, ``predicted_bytes`` and ``predicted_error``.
+        The codec runs at the speeds the job measured with every rank running it
+        (``profile["codec_gbps"]``, as ``auto`` does) where the file has them, else at
+        its stated one-core speed times the job's share of the cores.
     """
     from ccl.codecs import get_codec
     from ccl.collectives import model
 
-    inputs = inputs or model.load_inputs()
-    prof = job["profile"]
-    machine = model.Machine(link_gbps=prof["link_gbps"], latency_s=prof["latency_s"],
-                            share=prof["share"])
+    from .network import rate_bits_per_s
+
+    prof, p = job["profile"], job["ranks"]
+    if link == "rate":
+        machine = model.Machine(rate_bits_per_s(job["rate"]) / 1e9, prof["latency_s"],
+                                prof["share"], BURST_BYTES)
+    else:
+        machine = model.Machine(prof["link_gbps"], prof["latency_s"], prof["share"])
+    # the rate MPI_Allreduce reached at each size in this job (its ring bound)
+    reached = {r["bytes"]: 2 * (p - 1) / p * r["bytes"] * 8 / r["time_s"] / 1e9
+               for r in job["rows"] if r["algorithm"] == "mpi" and r["time_s"] > 0}
+    measured = prof.get("codec_gbps", {})
     out = []
     for row in job["rows"]:
-        codec = None if row["algorithm"] == "mpi" else get_codec(row["config"])
+        if link == "mpi":
+            if row["algorithm"] == "mpi":
+                continue  # its own measurement: nothing to predict
+            machine = model.Machine(reached[row["bytes"]], prof["latency_s"], prof["share"])
+        codec, figures, share = None, None, None
+        if row["algorithm"] != "mpi":
+            codec = get_codec(row["config"])
+            figures = model.codec_figures(codec, calibration={})
+            speeds = measured.get(json.dumps(row["config"], sort_keys=True))
+            if speeds:
+                figures, share = figures._replace(encode_gbps=speeds[0],
+                                                  decode_gbps=speeds[1]), 1.0
         guess = model.predict(row["resolved"], codec, row["bytes"], job["ranks"], machine,
-                              inputs, segment_bytes=row.get("segment_bytes"))
+                              figures, pipelined=bool(row.get("segment_bytes")),
+                              codec_share=share)
         out.append(dict(row, predicted_s=guess.seconds, predicted_bytes=guess.sent_bytes,
                         predicted_error=guess.error, rate=job.get("rate")))
     return out
@@ -125,7 +158,7 @@ def _report(args):
     for name in sorted(os.listdir(args.report)):
         if name.endswith(".json"):
             with open(os.path.join(args.report, name)) as f:
-                rows += predicted_rows(json.load(f))
+                rows += predicted_rows(json.load(f), args.link)
     rows.sort(key=lambda r: (r["rate"], r["ranks"], r["bytes"], r["codec"], r["algorithm"]))
     within, total = summary(rows)
     print(f"predicted time within {TOLERANCE:.0%} of measured: {within} of {total} points "
@@ -189,6 +222,11 @@ def main(argv=None):
     parser.add_argument("--out", help="directory of the jobs' JSON files (sweep)")
     parser.add_argument("--report", help="directory to report on (no MPI, no root)")
     parser.add_argument("--plot", help="with --report: write the predicted-vs-measured plot")
+    parser.add_argument("--link", choices=["rate", "probe", "mpi"], default="rate",
+                        help="with --report: the link speed the model is given: the links' "
+                             "rate, what each job's probe measured, or the rate "
+                             "MPI_Allreduce reached at the same size in the same job "
+                             "(default: %(default)s)")
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 3, 4, 6, 8, 12, 16])
     parser.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])
     parser.add_argument("--codecs", nargs="+", default=["fp16", "3lc", "onebit", "thc", "sidco"])
