@@ -153,6 +153,44 @@ def _plots(codecs, nbytes, latency, per_node, out):
     return [os.path.join(out, n) for n in ("at-scale-time.png", "at-scale-error-bytes.png")]
 
 
+#: (what, first, second): the first rank count at which ``second`` is faster than ``first``.
+CROSSOVERS = [
+    ("sparse gather vs MPI_Allreduce", ("sidco", "allgather"), (None, "mpi")),
+    ("sparse gather vs sparse direct", ("sidco", "allgather"), ("sidco", "direct")),
+    ("ring vs tree, 3lc", ("3lc", "ring"), ("3lc", "tree")),
+    ("flat vs hierarchical, 3lc", ("3lc", "direct"), ("3lc", "hierarchical")),
+    ("compressed (fp16, best) vs MPI_Allreduce", ("fp16", "best"), (None, "mpi")),
+    ("compressed (3lc, best) vs MPI_Allreduce", ("3lc", "best"), (None, "mpi")),
+]
+
+
+def crossovers(nbytes, latency, per_node, links=PLOT_LINKS, ranks=None):
+    """``[(what, link, ranks or None)]``: where each pair of :data:`CROSSOVERS` swaps order."""
+    from ccl.codecs import get_codec
+    from ccl.collectives import model
+
+    from .network import rate_bits_per_s
+
+    ranks = ranks or [2 ** k for k in range(1, 11)]
+
+    def seconds(which, p, machine):
+        codec = None if which[0] is None else get_codec(which[0])
+        if which[1] == "best":
+            return model.best(codec, nbytes, p, machine).seconds
+        return model.predict(which[1], codec, nbytes, p, machine, cross="fit").seconds
+
+    out = []
+    for link in links:
+        machine = model.Machine(rate_bits_per_s(link) / 1e9, latency, ranks_per_node=per_node)
+        flat = machine._replace(ranks_per_node=1)
+        for what, first, second in CROSSOVERS:
+            where = machine if "hierarchical" in second else flat
+            found = next((p for p in ranks if p % per_node == 0 or where is flat
+                          if seconds(second, p, where) < seconds(first, p, where)), None)
+            out.append((what, link, found))
+    return out
+
+
 def main(argv=None):
     from ccl.codecs import get_codec
     from ccl.collectives import model
@@ -176,8 +214,19 @@ def main(argv=None):
     parser.add_argument("--codecs", nargs="+", type=codec_arg, default=None,
                         help=f"codec ids or JSON configs (default: {' '.join(DEFAULT_CODECS)})")
     parser.add_argument("--plot", help="write the docs' figures to this directory instead")
+    parser.add_argument("--crossovers", action="store_true",
+                        help="print where algorithms swap order, 2 to 1024 ranks, at 10, 25 "
+                             "and 100 Gbit/s, instead")
     args = parser.parse_args(argv)
     codecs = args.codecs or [get_codec(c) for c in DEFAULT_CODECS]
+    if args.crossovers:
+        per_node = max(args.ranks_per_node, 8)
+        print(f"| crossover ({_human(args.size)} per rank, {per_node} ranks per node for "
+              "hierarchical) | link | first rank count where the second is faster |")
+        print("|---|---|---|")
+        for what, link, found in crossovers(args.size, args.latency, per_node):
+            print(f"| {what} | {link} | {'none up to 1024' if found is None else found} |")
+        return 0
     if args.plot:
         for path in _plots(codecs, args.size, args.latency, max(args.ranks_per_node, 8),
                            args.plot):

@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 
-__all__ = ["main", "predicted_rows", "summary"]
+__all__ = ["main", "predicted_rows", "summary", "auto_against_fixed"]
 
 ALGORITHMS = ["ring", "tree", "direct", "allgather"]
 #: The emulated links' token bucket (``ccl.bench.network.TBF``: ``burst 512kb``).
@@ -153,12 +153,77 @@ def summary(rows):
     return within, len(ratios)
 
 
+def auto_against_fixed(job):
+    """What ``auto`` would run in one job, per codec and size, against the best fixed choice.
+
+    ``auto`` is asked (:func:`ccl.collectives.auto.decide`) with what it
+    would know in that job: the probe's link speed, latency and share of
+    cores, and the codec speeds the job measured with every rank running it.
+    Its measured time is that of the row it picks (``MPI_Allreduce`` when it
+    does not compress); the best fixed choice is the fastest measured row of
+    the codec, ``MPI_Allreduce`` included.
+
+    Returns
+    -------
+    list of dict
+        ``ranks``, ``rate``, ``bytes``, ``codec``, ``pick``, ``pick_s``,
+        ``best``, ``best_s``, ``ratio`` (``pick_s / best_s``), ``error``
+        (the pick's modelled error) and ``bound`` (the codec's).
+    """
+    import numpy as np
+
+    from ccl.codecs import get_codec
+    from ccl.collectives import auto, model
+
+    prof, p = job["profile"], job["ranks"]
+    measured = prof.get("codec_gbps", {})
+    out = []
+    for nbytes in sorted({r["bytes"] for r in job["rows"]}):
+        rows = [r for r in job["rows"] if r["bytes"] == nbytes]
+        mpi = next(r for r in rows if r["algorithm"] == "mpi")
+        for config in {json.dumps(r["config"], sort_keys=True) for r in rows
+                       if r["algorithm"] != "mpi"}:
+            mine = [r for r in rows if json.dumps(r["config"], sort_keys=True) == config]
+            codec = get_codec(json.loads(config))
+            decision = auto.decide(codec, nbytes, p, np.float32, link_gbps=prof["link_gbps"],
+                                   cores=prof["share"], latency=prof["latency_s"],
+                                   speeds=measured.get(config), spread=prof["spread"])
+            ran = next((r for r in mine if r["algorithm"] == decision.algorithm), mpi)
+            best = min(mine + [mpi], key=lambda r: r["time_s"])
+            fig = model.codec_figures(codec, calibration={})
+            error = model.combined_error(
+                fig.error, model.lossy_weight(decision.algorithm, p, fig.exact_sum))
+            out.append(dict(ranks=p, rate=job.get("rate"), bytes=nbytes, codec=codec.codec_id,
+                            pick=decision.algorithm, pick_s=ran["time_s"],
+                            best=best["algorithm"], best_s=best["time_s"],
+                            ratio=ran["time_s"] / best["time_s"], error=error,
+                            bound=model.error_bound(fig)))
+    return out
+
+
+def _auto_report(jobs):
+    print("\n| rate | ranks | MB | codec | auto runs | measured ms | best fixed | measured ms "
+          "| auto / best | modelled error | bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for job in jobs:
+        for r in sorted(auto_against_fixed(job), key=lambda r: (r["bytes"], r["codec"])):
+            mark = "" if r["ratio"] <= 1.1 else " **over 10%**"
+            print(f"| {r['rate']} | {r['ranks']} | {r['bytes'] / 2**20:g} | {r['codec']} | "
+                  f"{r['pick']} | {r['pick_s'] * 1e3:.0f} | {r['best']} | "
+                  f"{r['best_s'] * 1e3:.0f} | {r['ratio']:.2f}{mark} | "
+                  f"{r['error']:.2e} | {r['bound']:.2e} |")
+
+
 def _report(args):
-    rows = []
+    rows, jobs = [], []
     for name in sorted(os.listdir(args.report)):
         if name.endswith(".json"):
             with open(os.path.join(args.report, name)) as f:
-                rows += predicted_rows(json.load(f), args.link)
+                jobs.append(json.load(f))
+            rows += predicted_rows(jobs[-1], args.link)
+    if args.auto:
+        _auto_report([j for j in jobs if j["ranks"] in args.auto])
+        return 0
     rows.sort(key=lambda r: (r["rate"], r["ranks"], r["bytes"], r["codec"], r["algorithm"]))
     within, total = summary(rows)
     print(f"predicted time within {TOLERANCE:.0%} of measured: {within} of {total} points "
@@ -227,6 +292,9 @@ def main(argv=None):
                              "rate, what each job's probe measured, or the rate "
                              "MPI_Allreduce reached at the same size in the same job "
                              "(default: %(default)s)")
+    parser.add_argument("--auto", type=int, nargs="+", default=None,
+                        help="with --report: auto's pick against the best fixed choice at "
+                             "these rank counts instead")
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 3, 4, 6, 8, 12, 16])
     parser.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])
     parser.add_argument("--codecs", nargs="+", default=["fp16", "3lc", "onebit", "thc", "sidco"])
