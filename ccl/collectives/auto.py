@@ -1,7 +1,7 @@
 """``algorithm="auto"``: pick the algorithm, and whether to compress at all.
 
 Compression pays only when the network, not the CPU, sets the time. ``auto``
-compares two estimates with a deliberately simple cost model
+compares two estimates of the cost model :mod:`ccl.collectives.model`
 (:func:`estimate`), per byte of input:
 
 - ``MPI_Allreduce`` moves ``2 (p-1)/p · n`` bytes per rank, at the rate
@@ -16,6 +16,11 @@ compares two estimates with a deliberately simple cost model
   (``ccl.collectives.link.codec_speeds``), which counts the cores the ranks
   share and the cores other work is using.
 
+Up to :data:`FITTING_MAX_RANKS` ranks the compressing algorithm is the one
+:func:`fitting` the codec; past them, the model's fastest flat algorithm
+whose modelled error stays within the codec's bound
+(:func:`ccl.collectives.model.best`, twice its one-shot error): the error of
+a ring that re-encodes at every hop grows with the ranks.
 It compresses when the estimate wins by :data:`MARGIN`, or by the spread of
 the link probe's rounds where that is larger (:func:`decide`): the more
 timings vary, the clearer the win must be. The bandwidth terms

@@ -40,7 +40,8 @@ from collections import namedtuple
 import numpy as np
 
 __all__ = ["ALGORITHMS", "FLAT", "Machine", "CodecFigures", "Prediction", "predict",
-           "predict_all", "best", "payload_bits", "lossy_weight", "combined_error", "error_bound", "steps",
+           "predict_all", "best", "payload_bits", "lossy_weight", "combined_error",
+           "error_bound", "steps",
            "codec_figures", "measure_figures", "calibration_path", "load_calibration",
            "save_calibration", "HEADER_BYTES", "ERROR_BOUND"]
 
@@ -427,7 +428,7 @@ def codec_figures(codec, calibration=None):
     """The model's inputs for ``codec``: calibrated where the file has them, else found now.
 
     Without a calibration of this configuration the stated speeds are used,
-    and the one-shot error and bits are measured on :data:`ERROR_SAMPLE`
+    and the one-shot error and bits are measured on ``ERROR_SAMPLE``
     values, once per process and configuration.
     """
     key = f"{codec.config_hash:016x}"
