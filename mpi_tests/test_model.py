@@ -22,25 +22,36 @@ def _figures(codec):
 
 # ------------------------------------------------------------------ the model's terms
 def test_error_grows_with_relays_and_stays_flat_without():
-    fig = _figures("fp16")  # rounds every partial sum it carries: not exact
+    fig = _figures("dithering")  # decodes and re-encodes every partial sum
     assert not fig.exact_sum
     ranks = [2, 4, 16, 64, 1024]
-    ring = [model.combined_error(fig.error, model.lossy_weight("ring", p)) for p in ranks]
-    tree = [model.combined_error(fig.error, model.lossy_weight("tree", p)) for p in ranks]
-    direct = [model.combined_error(fig.error, model.lossy_weight("direct", p)) for p in ranks]
+
+    def errors(algorithm, homomorphic=False):
+        return [model.combined_error(fig.error, model.lossy_weight(algorithm, p, False,
+                                                                   homomorphic))
+                for p in ranks]
+
+    ring, tree, direct = errors("ring"), errors("tree"), errors("direct")
     assert ring == sorted(ring) and ring[-1] > 20 * fig.error  # ~ sqrt((p + 1) / 2)
     assert tree == sorted(tree) and tree[-1] < 3 * fig.error   # ~ sqrt(1 + log2(p) / 2)
     assert max(direct) < np.sqrt(2) * fig.error * 1.001          # two lossy points
+    # fp16 adds payloads and rounds every partial sum: direct's owners too
+    fp16 = _figures("fp16")
+    rounded = [model.combined_error(fp16.error, model.lossy_weight("direct", p, False, True))
+               for p in ranks]
+    assert rounded == sorted(rounded) and rounded[-1] > 20 * fp16.error
     # integer lanes add exactly: one lossy point whatever the algorithm
     thc = _figures({"id": "thc", "bits": 4})
     assert thc.exact_sum
-    assert all(model.lossy_weight(a, 1024, True) == 1.0 for a in model.FLAT)
+    assert all(model.lossy_weight(a, 1024, True, True) == 1.0 for a in model.FLAT)
 
 
 def test_lossy_weight_of_the_tree_counts_every_subtree():
     # p = 4: ranks 1 and 3 encode themselves, rank 2 two, the root four: 8 / 4
     assert model.lossy_weight("tree", 4) == 2.0
     assert model.lossy_weight("tree", 5) == (5 + 1 + 2 + 1 + 1) / 5
+    # homomorphic: every input once, then rank 0 rounds 1+1 and 2+2, rank 2 rounds 1+1
+    assert model.lossy_weight("tree", 4, homomorphic=True) == 1 + (2 + 4 + 2) / 4
     assert model.combined_error(0.5, 0) == 0.0 and model.combined_error(1.2, 3) == 1.2
 
 
@@ -117,19 +128,28 @@ def test_auto_past_four_ranks_stays_within_the_error_bound(codec):
                 if decision.algorithm == "mpi":
                     continue
                 error = model.combined_error(
-                    fig.error, model.lossy_weight(decision.algorithm, p, fig.exact_sum))
+                    fig.error, model.lossy_weight(decision.algorithm, p, fig.exact_sum,
+                                                  codec.homomorphic))
                 assert error <= model.error_bound(fig) * (1 + 1e-9), (p, gbps, decision)
 
 
 def test_auto_past_four_ranks_picks_the_models_fastest():
-    codec = get_codec("fp16")
     machine = model.Machine(1.0)
-    best = model.best(codec, 64 << 20, 16, machine)
-    assert best.algorithm != "ring"  # fp16 rounds each partial sum: 8.5 lossy points at 16
-    assert auto.decide(codec, 64 << 20, 16, np.float32, link_gbps=1.0).algorithm == \
-        best.algorithm
+    fp16 = get_codec("fp16")
+    best = model.best(fp16, 64 << 20, 16, machine)
+    # fp16 rounds each partial sum it adds: ~9.4 lossy points in the ring and direct at 16,
+    # 5 in the tree; only the allgather stays within the bound, and MPI_Allreduce beats it
+    assert best.algorithm == "allgather"
+    decision = auto.decide(fp16, 64 << 20, 16, np.float32, link_gbps=1.0)
+    assert decision.algorithm == "mpi" and decision.estimate[1] == best.seconds
+    onebit = get_codec("onebit")
+    # the fitting algorithm first: it wins ties (direct and ring move the same bytes)
+    best = model.best(onebit, 64 << 20, 16, machine, candidates=("direct", "ring", "tree",
+                                                                  "allgather"))
+    assert auto.decide(onebit, 64 << 20, 16, np.float32, link_gbps=1.0).algorithm == \
+        best.algorithm == "direct"
     # up to four ranks, the fitting algorithm as before
-    assert auto.decide(codec, 64 << 20, 4, np.float32, link_gbps=1.0).algorithm == "ring"
+    assert auto.decide(fp16, 64 << 20, 4, np.float32, link_gbps=1.0).algorithm == "ring"
 
 
 # ------------------------------------------------------------------ against real runs

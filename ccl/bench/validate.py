@@ -67,7 +67,7 @@ def _sweep(args):
     os.makedirs(args.out, exist_ok=True)
     for rate in args.rates:
         for hosts in args.hosts:
-            path = os.path.join(args.out, f"{hosts}x{rate}.json")
+            path = os.path.join(args.out, f"{hosts}x{rate}{args.suffix}.json")
             if os.path.exists(path):
                 continue
             sizes = [s for s in args.sizes if hosts <= args.max_hosts.get(s, hosts)]
@@ -161,7 +161,8 @@ def auto_against_fixed(job):
     cores, and the codec speeds the job measured with every rank running it.
     Its measured time is that of the row it picks (``MPI_Allreduce`` when it
     does not compress); the best fixed choice is the fastest measured row of
-    the codec, ``MPI_Allreduce`` included.
+    the codec among the algorithms within the codec's error bound, and
+    ``MPI_Allreduce``.
 
     Returns
     -------
@@ -189,10 +190,16 @@ def auto_against_fixed(job):
                                    cores=prof["share"], latency=prof["latency_s"],
                                    speeds=measured.get(config), spread=prof["spread"])
             ran = next((r for r in mine if r["algorithm"] == decision.algorithm), mpi)
-            best = min(mine + [mpi], key=lambda r: r["time_s"])
             fig = model.codec_figures(codec, calibration={})
-            error = model.combined_error(
-                fig.error, model.lossy_weight(decision.algorithm, p, fig.exact_sum))
+
+            def error_of(algorithm):
+                return model.combined_error(fig.error, model.lossy_weight(
+                    algorithm, p, fig.exact_sum, codec.homomorphic))
+
+            error = error_of(decision.algorithm) if decision.algorithm != "mpi" else 0.0
+            # the fixed choices auto may make: those within the codec's bound, and MPI
+            allowed = [r for r in mine if error_of(r["algorithm"]) <= model.error_bound(fig)]
+            best = min(allowed + [mpi], key=lambda r: r["time_s"])
             out.append(dict(ranks=p, rate=job.get("rate"), bytes=nbytes, codec=codec.codec_id,
                             pick=decision.algorithm, pick_s=ran["time_s"],
                             best=best["algorithm"], best_s=best["time_s"],
@@ -202,7 +209,8 @@ def auto_against_fixed(job):
 
 
 def _auto_report(jobs):
-    print("\n| rate | ranks | MB | codec | auto runs | measured ms | best fixed | measured ms "
+    print("\n| rate | ranks | MB | codec | auto runs | measured ms | best fixed within the bound "
+          "| measured ms "
           "| auto / best | modelled error | bound |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for job in jobs:
@@ -226,8 +234,48 @@ def _report(args):
         return 0
     rows.sort(key=lambda r: (r["rate"], r["ranks"], r["bytes"], r["codec"], r["algorithm"]))
     within, total = summary(rows)
+    lossy = [r for r in rows if r["algorithm"] != "mpi"]
+    sent = sum(abs(r["predicted_bytes"] / r["sent_bytes"] - 1) <= 0.1 for r in lossy)
+    errors = sum(abs(r["predicted_error"] / r["rel_error"] - 1) <= 0.25 for r in lossy)
     print(f"predicted time within {TOLERANCE:.0%} of measured: {within} of {total} points "
-          f"({within / max(total, 1):.0%})")
+          f"({within / max(total, 1):.0%}); bytes within 10%: {sent} of {len(lossy)}; "
+          f"error within 25%: {errors} of {len(lossy)} (link: {args.link})")
+    print("\n| rate | ranks | points | time within 20% | predicted / measured time: "
+          "median (min - max) | load average |")
+    print("|---|---|---|---|---|---|")
+    for rate, ranks in sorted({(r["rate"], r["ranks"]) for r in rows}):
+        pick = [r for r in rows if (r["rate"], r["ranks"]) == (rate, ranks)]
+        q = sorted(r["predicted_s"] / r["time_s"] for r in pick)
+        loads = [r["load"] for r in pick if r.get("load") is not None]
+        print(f"| {rate} | {ranks} | {len(q)} | {summary(pick)[0]} | {q[len(q) // 2]:.2f} "
+              f"({q[0]:.2f} - {q[-1]:.2f}) | "
+              f"{min(loads, default=0):.0f} - {max(loads, default=0):.0f} |")
+    if args.points:
+        _points(rows)
+    if args.errors:
+        _errors(rows, args.errors)
+    if args.plot:
+        _plot(rows, args.plot)
+    return 0
+
+
+def _errors(rows, rate):
+    """Measured (modelled) error per codec and algorithm against ranks, smallest size."""
+    rows = [r for r in rows if r["rate"] == rate and r["algorithm"] != "mpi"]
+    size = min(r["bytes"] for r in rows)
+    ranks = sorted({r["ranks"] for r in rows})
+    found = {(r["codec"], r["algorithm"], r["ranks"]): r for r in rows if r["bytes"] == size}
+    print(f"\nerror of the sum at {size / 2**20:g} MB, {rate}: measured (modelled)\n")
+    print("| codec | algorithm | " + " | ".join(f"{p} ranks" for p in ranks) + " |")
+    print("|---|---|" + "---|" * len(ranks))
+    for codec, algorithm in sorted({k[:2] for k in found}):
+        cells = [found.get((codec, algorithm, p)) for p in ranks]
+        print(f"| {codec} | {algorithm} | " + " | ".join(
+            "-" if r is None else f"{r['rel_error']:.2e} ({r['predicted_error']:.2e})"
+            for r in cells) + " |")
+
+
+def _points(rows):
     print("\n| rate | ranks | MB | codec | algorithm | measured ms | predicted ms | "
           "pred/meas | error measured | error modelled |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -237,9 +285,6 @@ def _report(args):
         print(f"| {r['rate']} | {r['ranks']} | {r['bytes'] / 2**20:g} | {r['codec']} | "
               f"{r['algorithm']} | {r['time_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | "
               f"{q:.2f}{mark} | {r['rel_error']:.2e} | {r['predicted_error']:.2e} |")
-    if args.plot:
-        _plot(rows, args.plot)
-    return 0
 
 
 def _plot(rows, path):
@@ -287,6 +332,11 @@ def main(argv=None):
     parser.add_argument("--out", help="directory of the jobs' JSON files (sweep)")
     parser.add_argument("--report", help="directory to report on (no MPI, no root)")
     parser.add_argument("--plot", help="with --report: write the predicted-vs-measured plot")
+    parser.add_argument("--errors", metavar="RATE",
+                        help="with --report: the measured and modelled error against ranks "
+                             "at this rate")
+    parser.add_argument("--points", action="store_true",
+                        help="with --report: also a row per point")
     parser.add_argument("--link", choices=["rate", "probe", "mpi"], default="rate",
                         help="with --report: the link speed the model is given: the links' "
                              "rate, what each job's probe measured, or the rate "
@@ -302,6 +352,8 @@ def main(argv=None):
     parser.add_argument("--sizes", nargs="+", type=size_arg, default=[1 << 20, 16 << 20])
     parser.add_argument("--max-hosts", nargs="*", default=[],
                         help="SIZE:HOSTS pairs: run SIZE only up to HOSTS hosts (memory)")
+    parser.add_argument("--suffix", default="",
+                        help="added to each job's file name (several sweeps in one directory)")
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1800)

@@ -379,7 +379,8 @@ def decide(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
     if size > FITTING_MAX_RANKS:  # no time to model: keep the error within the bound
         figures = model.codec_figures(codec, calibration={})  # alike on every rank
         error = model.combined_error(figures.error,
-                                     model.lossy_weight(algorithm, size, figures.exact_sum))
+                                     model.lossy_weight(algorithm, size, figures.exact_sum,
+                                                        codec.homomorphic))
         if error > model.error_bound(figures):
             algorithm = "direct"  # two lossy points at any size
     return Decision(algorithm, reason, times)

@@ -24,7 +24,9 @@ input bytes per rank and an algorithm it predicts (:func:`predict`):
   errors and saturates at 1. A ring that decodes and re-encodes at every
   hop has ``F = (p + 1) / 2``, a binomial tree ``1 + log2(p) / 2``, direct
   ``(2p - 1) / p`` and the allgather 1; a codec whose payloads add exactly
-  (THC's integer lanes, random-k's shared indices) has ``F = 1`` everywhere.
+  (THC's integer lanes, random-k's shared indices) has ``F = 1`` everywhere,
+  one whose additions round (fp16, bf16) about ``(p + 3) / 2`` in the ring
+  and in direct, whose owners add ``p`` payloads.
 
 The inputs (:class:`CodecFigures`) are measured by ``python -m ccl.bench
 calibrate`` and kept in a per-user file (:func:`calibration_path`); without
@@ -133,15 +135,20 @@ def payload_bits(codec, figures, contributors):
     return float(figures.bits)
 
 
-def lossy_weight(algorithm, p, exact_sum=False):
+def lossy_weight(algorithm, p, exact_sum=False, homomorphic=False):
     """How often values are encoded on the way, in units of the sum's energy (``F``).
 
-    For independent inputs of equal energy a point that encodes a partial
-    sum of ``k`` contributions adds ``k / p`` of the sum's energy, times the
-    codec's squared one-shot error.
+    For independent inputs of equal energy a point that encodes (or, for a
+    homomorphic codec that rounds, adds into) a partial sum of ``k``
+    contributions adds ``k / p`` of the sum's energy, times the codec's
+    squared one-shot error. A homomorphic codec whose sums round (fp16,
+    bf16) encodes every input once and rounds every partial sum it adds:
+    in the ring and at direct's owners, sums of 2 to ``p`` contributions.
 
     >>> [round(lossy_weight(a, 16), 3) for a in ("allgather", "direct", "tree", "ring")]
     [1.0, 1.938, 3.0, 8.5]
+    >>> round(lossy_weight("direct", 16, homomorphic=True), 3)
+    9.438
     >>> lossy_weight("ring", 16, exact_sum=True)
     1.0
     """
@@ -149,11 +156,26 @@ def lossy_weight(algorithm, p, exact_sum=False):
         return 0.0
     if p <= 1 or exact_sum or algorithm == "allgather":
         return 1.0
+    if homomorphic:  # each input encoded once, then every rounded partial sum
+        if algorithm == "tree":
+            return 1.0 + sum(_tree_adds(r, p) for r in range(p)) / p
+        return 1.0 + (p * (p + 1) / 2 - 1) / p
     if algorithm == "direct":  # workers' chunks (not the owner's own), then the owner's sum
         return (2 * p - 1) / p
     if algorithm == "tree":  # every rank encodes its subtree's sum once
         return sum(_subtree(r, p) for r in range(p)) / p
     return (p + 1) / 2  # ring: worker 1, relays 2 .. p-1, owner p
+
+
+def _tree_adds(rank, p):
+    """Contributions of every partial sum ``rank`` rounds as it adds its children in."""
+    total, held, mask = 0, 1, 1
+    while mask < p and not rank & mask:
+        if rank + mask < p:
+            held += _subtree(rank + mask, p)
+            total += held
+        mask <<= 1
+    return total
 
 
 def _subtree(rank, p):
@@ -271,7 +293,8 @@ def predict(algorithm, codec, nbytes, p, machine, figures=None, itemsize=4, pipe
     overlap = pipelined and algorithm in ("ring", "direct") and machine.share >= 1.0
     busy = (max(wire, codec_s) + OVERLAP_LEFT * min(wire, codec_s) if overlap
             else wire + codec_s)
-    error = combined_error(figures.error, lossy_weight(algorithm, p, figures.exact_sum))
+    error = combined_error(figures.error, lossy_weight(algorithm, p, figures.exact_sum,
+                                                       codec.homomorphic))
     return Prediction(algorithm, busy + steps(algorithm, p) * machine.latency_s, sent, error)
 
 
