@@ -117,6 +117,10 @@ test-mpi:
 	echo "== hierarchical algorithm at 6 ranks"
 	timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n 6 $(PY) $(PYTEST) --only-mpi \
 	  mpi_tests/test_hierarchical.py
+	@# past four ranks auto asks the cost model: every rank must pick alike (shared memory)
+	echo "== the cost model and auto's picks at 8 ranks"
+	timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n 8 $(PY) $(PYTEST) --only-mpi \
+	  mpi_tests/test_model.py
 
 # The GPU code paths without a GPU: numba.cuda kernels under the CUDA simulator (set by
 # tests_gpu/conftest.py), device payloads through host staging, serial then at 3 ranks.

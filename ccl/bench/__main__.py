@@ -17,6 +17,7 @@ COMMANDS = {
     "decisions": "ccl.bench.decisions",  # launches mpiexec itself: auto's decisions, run to run
     "gpu-allreduce": "ccl.bench.gpu_allreduce",  # under mpiexec: cupy arrays vs MPI_Allreduce
     "gpu-train": "ccl.bench.gpu_train",  # under mpiexec: optimizer steps on CUDA tensors
+    "calibrate": "ccl.bench.calibrate",  # no MPI: the cost model's codec inputs, one core
 }
 MPI_COMMANDS = ("allreduce", "accuracy", "train", "lm", "gpu-allreduce", "gpu-train")
 
@@ -35,6 +36,7 @@ SUMMARY = {
     "decisions": "launches the same job N times: does auto decide alike? (starts mpiexec)",
     "gpu-allreduce": "cupy arrays: compressed allreduce against MPI_Allreduce; under mpiexec",
     "gpu-train": "optimizer steps on CUDA tensors, lossy codecs against none; under mpiexec",
+    "calibrate": "the cost model's codec inputs (speed, bits, error) on one core; no MPI",
 }
 
 

@@ -1,7 +1,7 @@
 """``algorithm="auto"``: pick the algorithm, and whether to compress at all.
 
 Compression pays only when the network, not the CPU, sets the time. ``auto``
-compares two estimates with a deliberately simple cost model
+compares two estimates of the cost model :mod:`ccl.collectives.model`
 (:func:`estimate`), per byte of input:
 
 - ``MPI_Allreduce`` moves ``2 (p-1)/p · n`` bytes per rank, at the rate
@@ -16,6 +16,11 @@ compares two estimates with a deliberately simple cost model
   (``ccl.collectives.link.codec_speeds``), which counts the cores the ranks
   share and the cores other work is using.
 
+Up to :data:`FITTING_MAX_RANKS` ranks the compressing algorithm is the one
+:func:`fitting` the codec; past them, the model's fastest flat algorithm
+whose modelled error stays within the codec's bound
+(:func:`ccl.collectives.model.best`, twice its one-shot error): the error of
+a ring that re-encodes at every hop grows with the ranks.
 It compresses when the estimate wins by :data:`MARGIN`, or by the spread of
 the link probe's rounds where that is larger (:func:`decide`): the more
 timings vary, the clearer the win must be. The bandwidth terms
@@ -43,14 +48,20 @@ from collections import namedtuple
 
 import numpy as np
 
+from . import model
+
 __all__ = ["choose", "decide", "Decision", "fitting", "estimate", "needs_link",
            "probe_link", "probe_link_gbps", "probe_latency", "rounds", "REASONS",
-           "MIN_COMPRESS_BYTES", "TREE_MAX_BYTES", "MARGIN"]
+           "MIN_COMPRESS_BYTES", "TREE_MAX_BYTES", "MARGIN", "FITTING_MAX_RANKS"]
 
 #: Below this many bytes per rank, latency dominates: send uncompressed with MPI.
 MIN_COMPRESS_BYTES = 65536
 #: Homomorphic codecs use the tree (log p rounds) below this size, the ring above.
 TREE_MAX_BYTES = 1 << 20
+#: Up to this many ranks ``auto`` runs the algorithm :func:`fitting` the codec (measured
+#: there, docs/benchmarks.md); past it, the model's fastest flat algorithm whose modelled error
+#: stays within the codec's bound (:func:`ccl.collectives.model.best`).
+FITTING_MAX_RANKS = 4
 #: Compress only when the model says it is this many times faster than MPI_Allreduce.
 MARGIN = 1.1
 #: The probe grows its message from this size (large enough that bandwidth, not the
@@ -214,14 +225,12 @@ def probe_latency(comm, wait=None):
 def rounds(algorithm, size):
     """Sequential steps of messages of ``algorithm`` at ``size`` ranks (for the latency term).
 
+    :func:`ccl.collectives.model.steps`.
+
     >>> rounds("ring", 4), rounds("direct", 4), rounds("tree", 4), rounds("allgather", 4)
     (6, 2, 4, 2)
     """
-    if size <= 1:
-        return 0
-    log = math.ceil(math.log2(size))
-    return {"ring": 2 * (size - 1), "direct": 2, "tree": 2 * log, "allgather": log}.get(
-        algorithm, 2 * (size - 1))
+    return model.steps(algorithm, size)
 
 
 def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelined=True,
@@ -262,31 +271,26 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
     tuple of float
         ``(t_mpi, t_compressed)``.
     """
-    p = size
-    rate = link_gbps * 1e9 / 8  # bytes per second
-    t_mpi = 2 * (p - 1) / p * nbytes / rate
-    algorithm = algorithm or fitting(codec)
-    elements = nbytes / itemsize
-    payload = elements * codec.bits_per_value / 8
-    if algorithm == "allgather":
-        wire, encodes, decodes = (p - 1) * payload, 1.0, float(p)
-    elif algorithm == "tree":  # log2(p) rounds up and down, each a whole payload
-        levels = math.ceil(math.log2(p)) if p > 1 else 0
-        wire, encodes, decodes = 2 * levels * payload, float(levels + 1), float(levels + 1)
-    else:  # ring and direct: every element encoded about once, decoded (2p-1)/p times
-        wire, encodes, decodes = 2 * (p - 1) / p * payload, (p + 1) / p, (2 * p - 1) / p
-    # the speeds are GB/s of float32 input, i.e. per 4 bytes of elements
+    machine = model.Machine(link_gbps, latency, cores)
+    return (model.predict("mpi", None, nbytes, size, machine, itemsize=itemsize,
+                          latency=False).seconds,
+            _predict(algorithm or fitting(codec), codec, nbytes, size, machine, itemsize,
+                     pipelined, speeds).seconds)
+
+
+def _figures(codec, speeds):
+    """The model's codec figures; with ``speeds`` (measured in a collective, agreed) in place
+    of the stated ones, and then only figures every rank finds alike (no per-user file)."""
     if speeds is None:
-        speeds, share = (codec.encode_gbps, codec.decode_gbps), min(cores, 1.0)
-    else:
-        share = 1.0
-    codec_s = elements * 4 * (encodes / (speeds[0] * 1e9) + decodes / (speeds[1] * 1e9)) / share
-    wire_s = wire / rate
-    # overlapping codec work with transfers needs a core for each: a rank with less
-    # than one (ranks sharing cores, other work) pays for both in turn
-    overlap = pipelined and algorithm in ("ring", "direct") and cores >= 1.0
-    busy = max(wire_s, codec_s) + 0.25 * min(wire_s, codec_s) if overlap else wire_s + codec_s
-    return t_mpi, busy + rounds(algorithm, p) * latency
+        return model.codec_figures(codec)
+    return model.codec_figures(codec, calibration={})._replace(
+        encode_gbps=float(speeds[0]), decode_gbps=float(speeds[1]))
+
+
+def _predict(algorithm, codec, nbytes, size, machine, itemsize, pipelined, speeds):
+    # measured speeds already ran at the rank's share of the cores: not applied again
+    return model.predict(algorithm, codec, nbytes, size, machine, _figures(codec, speeds),
+                         itemsize, pipelined, codec_share=None if speeds is None else 1.0)
 
 
 def needs_link(codec, nbytes, size, dtype, collective="allreduce"):
@@ -358,14 +362,38 @@ def decide(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
             return Decision("mpi", "no link speed", None)
         if math.isinf(link_gbps):
             return Decision("mpi", "shared memory", None)
-        times = estimate(codec, nbytes, size, link_gbps, dtype.itemsize,
+        # up to FITTING_MAX_RANKS the fitting algorithm, weighed as it runs large messages
+        algorithm, modelled = _fitting_at(codec, nbytes, size), fitting(codec)
+        if size > FITTING_MAX_RANKS:  # the model's pick among the flat algorithms
+            machine = model.Machine(link_gbps, latency, cores)
+            algorithm = modelled = model.best(
+                codec, nbytes, size, machine, _figures(codec, speeds), _candidates(algorithm),
+                itemsize=dtype.itemsize, pipelined=pipelined,
+                codec_share=None if speeds is None else 1.0).algorithm
+        times = estimate(codec, nbytes, size, link_gbps, dtype.itemsize, modelled,
                          pipelined=pipelined, cores=cores, latency=latency, speeds=speeds)
         if times[1] * max(MARGIN, spread) > times[0]:
             return Decision("mpi", "model: MPI", times)
-        reason = "model: compress"
-    if codec.homomorphic and nbytes < TREE_MAX_BYTES:
-        return Decision("tree", reason, times)
-    return Decision(fitting(codec), reason, times)
+        return Decision(algorithm, "model: compress", times)
+    algorithm = _fitting_at(codec, nbytes, size)
+    if size > FITTING_MAX_RANKS:  # no time to model: keep the error within the bound
+        figures = model.codec_figures(codec, calibration={})  # alike on every rank
+        error = model.combined_error(figures.error,
+                                     model.lossy_weight(algorithm, size, figures.exact_sum,
+                                                        codec.homomorphic))
+        if error > model.error_bound(figures):
+            algorithm = "direct"  # two lossy points at any size
+    return Decision(algorithm, reason, times)
+
+
+def _fitting_at(codec, nbytes, size):
+    """The algorithm :func:`fitting` the codec, the tree for small homomorphic messages."""
+    return "tree" if codec.homomorphic and nbytes < TREE_MAX_BYTES else fitting(codec)
+
+
+def _candidates(first):
+    """The flat algorithms, ``first`` first (it wins ties)."""
+    return (first,) + tuple(name for name in model.FLAT if name != first)
 
 
 def choose(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
