@@ -4,6 +4,9 @@ Runs under the CUDA simulator like the rest of ``tests_gpu``: ``simulated_device
 sends numpy arrays down the device paths, and the twins' kernels run there.
 """
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -156,3 +159,16 @@ def test_a_malformed_twin_name_says_what_is_expected():
 
     with pytest.raises(ValueError, match="package.module:Class"):
         device.twin_for(Broken)
+
+
+def test_numpy_without_row_stack_gets_the_alias_numba_cuda_compiles_with():
+    # numpy 2.5 removed np.row_stack; numba-cuda 0.30 looks it up when it compiles its first
+    # kernel, so on an H100 with both every twin failed until the twins' common module put
+    # the alias back. A fresh interpreter, since this one imported the twins long ago.
+    code = ("import numpy as np\n"
+            "del np.row_stack\n"
+            "import ccl.codecs._cuda_common\n"
+            "assert np.row_stack is np.vstack\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stderr

@@ -34,7 +34,15 @@ import types
 
 import numba
 import numpy as np
-from numba import cuda
+
+# numba-cuda up to 0.30 registers an overload of ``np.row_stack`` when it compiles its first
+# kernel; numpy 2.5 removed that name (an alias of ``np.vstack`` since numpy 1.x, deprecated
+# in 2.0), so every kernel failed to compile with numpy 2.5 and numba-cuda 0.30.4 (seen on
+# an H100). The alias lets such numba-cuda releases compile; newer ones never look it up.
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+
+from numba import cuda  # noqa: E402  (after the alias numba-cuda's kernels need)
 
 from . import _shared_kernels as _S
 
