@@ -56,6 +56,26 @@ class _HorovodStep:
         super().step()
         return loss
 
+    def zero_grad(self, set_to_none=False):
+        """Zero the gradients, keeping them as tensors by default (Horovod's behaviour).
+
+        Horovod gives every trainable parameter a zero gradient when it wraps
+        the optimizer, and programs written for it read ``p.grad`` of
+        parameters that took no part in a backward pass (a GAN's frozen half):
+        so the gradients are zeroed in place unless ``set_to_none=True``.
+
+        Parameters
+        ----------
+        set_to_none : bool
+            As in ``torch.optim.Optimizer.zero_grad`` (default False here).
+
+        Returns
+        -------
+        None
+            As the wrapped ``zero_grad``.
+        """
+        return super().zero_grad(set_to_none=set_to_none)
+
 
 _CLASSES = {}
 
@@ -211,6 +231,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         backward_passes_per_step=backward_passes_per_step, op=reduce_op,
         fusion_threshold_bytes=fusion_threshold_bytes, lr_corrected=lr_corrected, **options)
     wrapped._ccl_sparse_hooks = sparse_hooks
+    with torch.no_grad():  # Horovod's zero gradients for every trainable parameter
+        for group in wrapped.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
     return _with_horovod_step(wrapped)
 
 

@@ -11,14 +11,13 @@ exact copies.
 0
 """
 
-import time
-
 import numpy as np
 import torch
 
 from . import tensor_ops
 from .collectives import capture_error
 from .handles import submit, synchronize
+from .joins import join_work, zeros_of
 from .process_sets import global_process_set
 from .tensor_ops import check_tensor
 
@@ -264,11 +263,12 @@ def barrier(process_set=global_process_set):
 def join(device=-1):
     """Wait until every rank calls ``join``; return the rank that called it last.
 
-    Horovod lets joined ranks take part in the other ranks' later
-    allreduces with zeros; here every rank must have submitted the same
-    collectives before it joins (the order check raises otherwise), so
-    ``join`` is a barrier that also reports which rank was last (by the
-    ranks' clocks).
+    As Horovod: a rank that joined (ran out of data) takes part in the other
+    ranks' later allreduces of the global process set with zeros, until every
+    rank joined; an average still divides by the number of all ranks. Other
+    collectives (allgather, broadcast, alltoall, ...) while a rank has joined
+    raise :class:`~ccl.torch.HorovodInternalError` on the ranks that called
+    them. Collectives the rank submitted before ``join`` finish first.
 
     Parameters
     ----------
@@ -278,7 +278,8 @@ def join(device=-1):
     Returns
     -------
     int
-        The global rank that reached ``join`` last.
+        The global rank that called ``join`` last (of ranks that joined
+        together, the one with the latest clock).
 
     Examples
     --------
@@ -287,7 +288,11 @@ def join(device=-1):
     >>> 0 <= hvd.join() < hvd.size()
     True
     """
-    arrived = torch.tensor([time.time()], dtype=torch.float64)
-    times = synchronize(allgather_async(arrived, name=None))
     del device
-    return int(torch.argmax(times).item())
+
+    def zeros(spec):
+        tensor_ops.allreduce_data(global_process_set, zeros_of(spec), spec["op"],
+                                  spec["prescale"], spec["postscale"])
+
+    return synchronize(submit("join", None, global_process_set,
+                              lambda ps, name, error: join_work(ps._comm, zeros)))
