@@ -122,3 +122,21 @@ def test_given_names_must_match(hvd):
         pytest.skip("one rank has no one to disagree with")
     with pytest.raises(RuntimeError, match="name"):
         hvd.allreduce(torch.ones(2), name=f"grad.{rank}")
+
+
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+def test_sparse_allreduce_async(hvd, op):
+    """Every rank's entries, side by side; coalesced, duplicates add up (divided for Average)."""
+    size, rank = hvd.size(), hvd.rank()
+    x = torch.sparse_coo_tensor([[rank % 3, 4]], [float(rank + 1), 1.0], (5,))
+    wait = hvd.sparse_allreduce_async(x, name="emb", op=getattr(hvd, op))
+    got = wait().coalesce().to_dense()
+    want = torch.zeros(5)
+    for r in range(size):
+        want[r % 3] += r + 1
+        want[4] += 1.0
+    if op == "Average":
+        want /= size
+    assert torch.allclose(got, want)
+    with pytest.raises(ValueError):
+        hvd.sparse_allreduce_async(x.to_dense(), name="dense", op=hvd.Sum)

@@ -16,6 +16,14 @@ in :func:`join_work`. While some ranks have joined:
   the rank that joined last.
 
 So no rank hangs: a joined rank answers every exchange the others start.
+
+>>> import torch, ccl.torch as hvd
+>>> hvd.init()
+>>> if hvd.rank() < hvd.size() - 1 or hvd.size() == 1:  # the last rank ran out of data
+...     out = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="more")
+>>> last = hvd.join()
+>>> last != hvd.size() - 1 or hvd.size() == 1
+True
 """
 
 import json

@@ -21,7 +21,7 @@ from .joins import join_work, zeros_of
 from .process_sets import global_process_set
 from .tensor_ops import check_tensor
 
-__all__ = ["allgather_async", "grouped_allgather_async", "grouped_allgather_sizes",
+__all__ = ["allgather_async", "sparse_allreduce_async", "grouped_allgather_async", "grouped_allgather_sizes",
            "broadcast_async", "broadcast_async_", "alltoall_async", "barrier", "join"]
 
 
@@ -55,6 +55,54 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     """
     return _allgather_any([tensor], name, process_set, "allgather",
                           lambda r: r[0][0])
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Start reducing a sparse tensor by allgathering its indices and values (Horovod's way).
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        A sparse COO tensor, the same dense shape on every rank of the set.
+    name : str
+        Names the two allgathers (``name.indices``, ``name.values``).
+    op : int
+        ``hvd.Average`` or ``hvd.Sum``.
+    process_set : ProcessSet
+        The ranks taking part (default: every rank).
+
+    Returns
+    -------
+    callable
+        As Horovod's: calling it waits and returns the sparse result, every
+        rank's entries side by side (duplicates add up when coalesced).
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as hvd
+    >>> hvd.init()
+    >>> x = torch.sparse_coo_tensor([[1]], [2.0], (3,))
+    >>> wait = hvd.sparse_allreduce_async(x, name="emb", op=hvd.Average)
+    >>> wait().to_dense().tolist()
+    [0.0, 2.0, 0.0]
+    """
+    if op not in (tensor_ops.Average, tensor_ops.Sum):
+        raise ValueError("sparse_allreduce_async takes op=hvd.Average or hvd.Sum")
+    t = tensor.coalesce() if tensor.is_sparse else tensor
+    if not t.is_sparse:
+        raise ValueError("sparse_allreduce_async takes a sparse tensor")
+    # allgather concatenates along dimension 0: indices travel transposed
+    indices = allgather_async(t.indices().transpose(0, 1).contiguous(), f"{name}.indices",
+                              process_set)
+    values = allgather_async(t.values(), f"{name}.values", process_set)
+
+    def wait():
+        vals, idx = synchronize(values), synchronize(indices)
+        if op == tensor_ops.Average:
+            vals = vals / process_set.size()
+        return torch.sparse_coo_tensor(idx.transpose(0, 1), vals, t.shape)
+
+    return wait
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
