@@ -21,7 +21,8 @@ from .joins import join_work, zeros_of
 from .process_sets import global_process_set
 from .tensor_ops import check_tensor
 
-__all__ = ["allgather_async", "sparse_allreduce_async", "grouped_allgather_async", "grouped_allgather_sizes",
+__all__ = ["allgather_async", "sparse_allreduce_async", "grouped_allgather_async",
+           "grouped_allgather_sizes",
            "broadcast_async", "broadcast_async_", "alltoall_async", "barrier", "join"]
 
 
