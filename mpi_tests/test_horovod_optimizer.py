@@ -288,3 +288,24 @@ def test_step_after_synchronize_warns_in_horovods_words(hvd):
     with pytest.warns(UserWarning, match=r"optimizer\.step\(\) called without "
                                          r"optimizer\.skip_synchronize\(\)"):
         opt.step()
+
+
+@pytest.mark.parametrize("factor", [1.0, "size"])
+def test_gradient_predivide_factor_divides_before_the_sum(hvd, factor):
+    """Horovod's predivide: gradients near float32's limit add up without overflowing."""
+    size = hvd.size()
+    factor = float(size) if factor == "size" else factor
+    w = torch.nn.Parameter(torch.full((3,), 0.5))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=0.0),
+                                   named_parameters=[("w", w)],
+                                   gradient_predivide_factor=factor)
+    big = torch.full((3,), 2e38)  # every rank's gradient: the sum of two overflows
+    opt.zero_grad()
+    (w * big).sum().backward()
+    opt.synchronize()
+    if size == 1 or factor == size:
+        torch.testing.assert_close(w.grad, big)
+    else:
+        assert torch.isinf(w.grad).all()  # the plain sum overflows
+    with opt.skip_synchronize():
+        opt.step()
