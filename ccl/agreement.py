@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 from .errors import MismatchError, PeerError
 
-__all__ = ["agree", "report_failure", "field_crc", "Fingerprinted"]
+__all__ = ["agree", "agreement_row", "verdict", "report_failure", "field_crc", "Fingerprinted"]
 
 # error code of a rank whose own arguments were rejected (0: accepted)
 _CODES = {TypeError: 1, ValueError: 2, MemoryError: 4, RuntimeError: 5}
@@ -109,20 +109,37 @@ def agree(comm, what, fields, error=None, flags=(), wait=None):
     {}
     """
     fields, flags = list(fields), list(flags)
-    row = np.array([_code(error)] + [field_crc(value) for _, value in fields]
-                   + [bool(flag) for _, flag in flags], dtype=np.int64)
+    row = agreement_row(fields, error, flags)
     rows = _exchange(comm, row, wait, f"the argument check of {what} from every rank")
+    return verdict(comm, what, fields, row, rows, error, flags)
+
+
+def agreement_row(fields, error=None, flags=()):
+    """This rank's row of :func:`agree`: error code, field CRCs, flags (int64)."""
+    return np.array([_code(error)] + [field_crc(value) for _, value in fields]
+                    + [bool(flag) for _, flag in flags], dtype=np.int64)
+
+
+def verdict(comm, what, fields, row, rows, error=None, flags=(), ranks=None):
+    """The decision of :func:`agree` from the exchanged ``rows`` (the same on every rank).
+
+    ``ranks`` names the rank of each row where the rows are not all of
+    ``comm``'s ranks (default: row ``i`` is rank ``i``). Raises as :func:`agree`.
+    """
+    flags = list(flags)
+    names = np.arange(len(rows)) if ranks is None else np.asarray(ranks)
     if error is not None:
         raise error
     if rows.tobytes() == row.tobytes() * len(rows):
         # every rank sent this rank's row, which holds no error: the common case, decided
         # by one comparison of bytes; each flag is raised everywhere or nowhere
-        return {name: list(range(len(rows))) if flag else [] for name, flag in flags}
+        return {name: names.tolist() if flag else [] for name, flag in flags}
     first = 1 + len(fields)
     same = (rows[:, :first] == rows[0, :first]).all(axis=0)
     if not same[0] or rows[0, 0]:
-        rejected = [int(r) for r in np.flatnonzero(rows[:, 0])]
-        kinds = sorted({_NAMES[int(rows[r, 0])] for r in rejected})
+        rows_rejected = np.flatnonzero(rows[:, 0])
+        rejected = [int(names[r]) for r in rows_rejected]
+        kinds = sorted({_NAMES[int(rows[r, 0])] for r in rows_rejected})
         raise MismatchError(f"rank(s) {rejected} rejected their arguments to {what} "
                             f"({', '.join(kinds)}); see the error raised there",
                             field="arguments", ranks={"rejected": rejected})
@@ -130,7 +147,7 @@ def agree(comm, what, fields, error=None, flags=(), wait=None):
         column = int(np.flatnonzero(~same)[0])
         name, value = fields[column - 1]
         groups = {}
-        for rank, crc in enumerate(rows[:, column].tolist()):
+        for rank, crc in zip(names.tolist(), rows[:, column].tolist()):
             groups.setdefault(crc, []).append(rank)
         where = "; ".join(f"ranks {ranks}" for ranks in groups.values())
         raise MismatchError(
@@ -138,8 +155,8 @@ def agree(comm, what, fields, error=None, flags=(), wait=None):
             f"{comm.Get_rank()}, has {value!r:.300})", field=name,
             ranks=list(groups.values()))
     raised = rows[:, first:].any(axis=0)
-    return {name: [int(r) for r in np.flatnonzero(rows[:, first + i])] if raised[i] else []
-            for i, (name, _) in enumerate(flags)}
+    return {name: [int(names[r]) for r in np.flatnonzero(rows[:, first + i])] if raised[i]
+            else [] for i, (name, _) in enumerate(flags)}
 
 
 def report_failure(comm, what, error, wait=None):

@@ -249,3 +249,63 @@ def test_other_horovod_variables_warn_once(comm, monkeypatch):
         warnings.simplefilter("error")
         ct.init(comm)  # once per process
     ct.shutdown()
+
+
+def test_trainable_parameters_keep_zero_gradients(hvd):
+    """As Horovod: wrapping gives trainable parameters zero gradients, zero_grad keeps them.
+
+    A GAN-style loop freezes one half per step; the frozen half's gradients
+    stay (zero) tensors that the program can read.
+    """
+    gen, disc = torch.nn.Linear(3, 4), torch.nn.Linear(4, 1)
+    opt_g = hvd.DistributedOptimizer(torch.optim.SGD(gen.parameters(), lr=0.1),
+                                     named_parameters=gen.named_parameters())
+    opt_d = hvd.DistributedOptimizer(torch.optim.SGD(disc.parameters(), lr=0.1),
+                                     named_parameters=disc.named_parameters())
+    assert all(p.grad is not None and not p.grad.any() for p in gen.parameters())
+    x = torch.ones(2, 3)
+    for train_gen in (True, False, True, False):
+        for p in gen.parameters():
+            p.requires_grad_(train_gen)
+        for p in disc.parameters():
+            p.requires_grad_(not train_gen)
+        opt_g.zero_grad()
+        opt_d.zero_grad()
+        disc(gen(x)).sum().backward()
+        assert all(bool(p.grad.any()) == train_gen for p in gen.parameters())
+        assert all(bool(p.grad.any()) != train_gen for p in disc.parameters())
+        (opt_g if train_gen else opt_d).step()
+    opt_g.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in gen.parameters())
+
+
+def test_step_after_synchronize_warns_in_horovods_words(hvd):
+    model = torch.nn.Linear(2, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    opt.synchronize()
+    with pytest.warns(UserWarning, match=r"optimizer\.step\(\) called without "
+                                         r"optimizer\.skip_synchronize\(\)"):
+        opt.step()
+
+
+@pytest.mark.parametrize("factor", [1.0, "size"])
+def test_gradient_predivide_factor_divides_before_the_sum(hvd, factor):
+    """Horovod's predivide: gradients near float32's limit add up without overflowing."""
+    size = hvd.size()
+    factor = float(size) if factor == "size" else factor
+    w = torch.nn.Parameter(torch.full((3,), 0.5))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=0.0),
+                                   named_parameters=[("w", w)],
+                                   gradient_predivide_factor=factor)
+    big = torch.full((3,), 2e38)  # every rank's gradient: the sum of two overflows
+    opt.zero_grad()
+    (w * big).sum().backward()
+    opt.synchronize()
+    if size == 1 or factor == size:
+        torch.testing.assert_close(w.grad, big)
+    else:
+        assert torch.isinf(w.grad).all()  # the plain sum overflows
+    with opt.skip_synchronize():
+        opt.step()

@@ -24,6 +24,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       "machines pin a CPU build, e.g. pip install torch==2.13.0)") from exc
 
 from . import elastic
+from .elastic import HostsUpdatedInterrupt
 from .adam import CompressedAdam
 from .diloco import DiLoCo
 from .autograd import (allreduce, allreduce_, grouped_allreduce, grouped_allreduce_,
@@ -42,7 +43,7 @@ from .horovod_functions import (allgather_object, broadcast_object, broadcast_op
                                 broadcast_parameters)
 from .horovod_optimizer import DistributedOptimizer
 from .movement import (allgather_async, alltoall_async, barrier, broadcast_async,
-                       broadcast_async_, grouped_allgather_async, join)
+                       broadcast_async_, grouped_allgather_async, join, sparse_allreduce_async)
 from .optimizer import DEFAULT_FUSION_THRESHOLD_BYTES
 from .process_sets import (ProcessSet, add_process_set, global_process_set, init,
                            remove_process_set)
@@ -63,14 +64,14 @@ __all__ = [
     "mpi_threads_supported", "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "is_homogeneous",
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression",
-    "HorovodInternalError",
+    "HorovodInternalError", "HostsUpdatedInterrupt",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async",
-    "synchronize", "poll", "join", "barrier",
+    "synchronize", "poll", "join", "barrier", "sparse_allreduce_async",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "elastic",
     "SyncBatchNorm", "start_timeline", "stop_timeline",
 ]

@@ -17,6 +17,7 @@ import time
 from . import timeline
 from .process_sets import ops_engine, set_comm
 from .runtime import current
+from .tensor_ops import AutoName
 
 __all__ = ["Op", "submit", "synchronize", "poll", "wait_all", "stop_timeline"]
 
@@ -94,7 +95,7 @@ def submit(kind, name, process_set, work, error=None, post=None):
     with _LOCK:
         if name is None:
             key = (kind, process_set.process_set_id)
-            name = f"{kind}.noname.{engine.auto_names[key]}"
+            name = AutoName(f"{kind}.noname.{engine.auto_names[key]}")
             engine.auto_names[key] += 1
         flight = (process_set.process_set_id, str(name))
         duplicate = _IN_FLIGHT[flight] > 0
@@ -105,7 +106,8 @@ def submit(kind, name, process_set, work, error=None, post=None):
     if duplicate:
         error = ValueError(f"a collective named {name!r} is in flight already: names of "
                            "concurrent collectives must differ")
-    op = Op(lambda ps: work(ps, str(name), error), process_set, flight, post)
+    op = Op(lambda ps: work(ps, name if isinstance(name, AutoName) else str(name), error),
+            process_set, flight, post)
     op.label = (kind, str(name))
     engine.submit(op)
     if duplicate:

@@ -4,8 +4,9 @@ Horovod's arguments map onto :func:`ccl.torch.optimizer.DistributedOptimizer`:
 ``compression=`` becomes the codec (``Compression.fp16`` is ccl's ``fp16``
 codec; ``Compression.codec("3lc")`` any other), ``op=hvd.Average`` /
 ``hvd.Sum`` become ``"mean"`` / ``"sum"``. ``gradient_predivide_factor``
-splits the averaging into a division before and after the sum in Horovod;
-ccl divides once, which gives the same average. ``num_groups`` and
+``f`` splits the averaging as in Horovod: gradients are multiplied by
+``1/f`` before the sum and the average by ``f`` after it (which keeps
+large gradients from overflowing in the sum). ``num_groups`` and
 ``groups`` choose Horovod's fusion groups; ccl fuses by size
 (``fusion_threshold_bytes``), so they are checked and otherwise have no
 effect. ccl's own arguments (``codec``, ``algorithm``, ...) stay available
@@ -55,6 +56,26 @@ class _HorovodStep:
             loss = closure()
         super().step()
         return loss
+
+    def zero_grad(self, set_to_none=False):
+        """Zero the gradients, keeping them as tensors by default (Horovod's behaviour).
+
+        Horovod gives every trainable parameter a zero gradient when it wraps
+        the optimizer, and programs written for it read ``p.grad`` of
+        parameters that took no part in a backward pass (a GAN's frozen half):
+        so the gradients are zeroed in place unless ``set_to_none=True``.
+
+        Parameters
+        ----------
+        set_to_none : bool
+            As in ``torch.optim.Optimizer.zero_grad`` (default False here).
+
+        Returns
+        -------
+        None
+            As the wrapped ``zero_grad``.
+        """
+        return super().zero_grad(set_to_none=set_to_none)
 
 
 _CLASSES = {}
@@ -133,8 +154,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     op : int
         ``hvd.Average`` (default) or ``hvd.Sum``.
     gradient_predivide_factor : float
-        Accepted as in Horovod (only with ``op=hvd.Average``); the average is
-        the same.
+        As in Horovod (only with ``op=hvd.Average``): gradients are divided
+        by it before the sum and the average multiplied by it after.
     num_groups, groups : optional
         Accepted as in Horovod; ccl fuses gradients by size instead.
     sparse_as_dense : bool
@@ -211,6 +232,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         backward_passes_per_step=backward_passes_per_step, op=reduce_op,
         fusion_threshold_bytes=fusion_threshold_bytes, lr_corrected=lr_corrected, **options)
     wrapped._ccl_sparse_hooks = sparse_hooks
+    if gradient_predivide_factor != 1.0:  # Horovod: divide by f before the sum, f/size after
+        wrapped._ccl.prescale = 1.0 / gradient_predivide_factor
+        wrapped._ccl.postscale = float(gradient_predivide_factor)
+    with torch.no_grad():  # Horovod's zero gradients for every trainable parameter
+        for group in wrapped.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
     return _with_horovod_step(wrapped)
 
 

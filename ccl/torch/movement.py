@@ -11,18 +11,18 @@ exact copies.
 0
 """
 
-import time
-
 import numpy as np
 import torch
 
 from . import tensor_ops
 from .collectives import capture_error
 from .handles import submit, synchronize
+from .joins import join_work, zeros_of
 from .process_sets import global_process_set
 from .tensor_ops import check_tensor
 
-__all__ = ["allgather_async", "grouped_allgather_async", "grouped_allgather_sizes",
+__all__ = ["allgather_async", "sparse_allreduce_async", "grouped_allgather_async",
+           "grouped_allgather_sizes",
            "broadcast_async", "broadcast_async_", "alltoall_async", "barrier", "join"]
 
 
@@ -56,6 +56,54 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     """
     return _allgather_any([tensor], name, process_set, "allgather",
                           lambda r: r[0][0])
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Start reducing a sparse tensor by allgathering its indices and values (Horovod's way).
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        A sparse COO tensor, the same dense shape on every rank of the set.
+    name : str
+        Names the two allgathers (``name.indices``, ``name.values``).
+    op : int
+        ``hvd.Average`` or ``hvd.Sum``.
+    process_set : ProcessSet
+        The ranks taking part (default: every rank).
+
+    Returns
+    -------
+    callable
+        As Horovod's: calling it waits and returns the sparse result, every
+        rank's entries side by side (duplicates add up when coalesced).
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as hvd
+    >>> hvd.init()
+    >>> x = torch.sparse_coo_tensor([[1]], [2.0], (3,))
+    >>> wait = hvd.sparse_allreduce_async(x, name="emb", op=hvd.Average)
+    >>> wait().to_dense().tolist()
+    [0.0, 2.0, 0.0]
+    """
+    if op not in (tensor_ops.Average, tensor_ops.Sum):
+        raise ValueError("sparse_allreduce_async takes op=hvd.Average or hvd.Sum")
+    t = tensor.coalesce() if tensor.is_sparse else tensor
+    if not t.is_sparse:
+        raise ValueError("sparse_allreduce_async takes a sparse tensor")
+    # allgather concatenates along dimension 0: indices travel transposed
+    indices = allgather_async(t.indices().transpose(0, 1).contiguous(), f"{name}.indices",
+                              process_set)
+    values = allgather_async(t.values(), f"{name}.values", process_set)
+
+    def wait():
+        vals, idx = synchronize(values), synchronize(indices)
+        if op == tensor_ops.Average:
+            vals = vals / process_set.size()
+        return torch.sparse_coo_tensor(idx.transpose(0, 1), vals, t.shape)
+
+    return wait
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
@@ -264,11 +312,12 @@ def barrier(process_set=global_process_set):
 def join(device=-1):
     """Wait until every rank calls ``join``; return the rank that called it last.
 
-    Horovod lets joined ranks take part in the other ranks' later
-    allreduces with zeros; here every rank must have submitted the same
-    collectives before it joins (the order check raises otherwise), so
-    ``join`` is a barrier that also reports which rank was last (by the
-    ranks' clocks).
+    As Horovod: a rank that joined (ran out of data) takes part in the other
+    ranks' later allreduces of the global process set with zeros, until every
+    rank joined; an average still divides by the number of all ranks. Other
+    collectives (allgather, broadcast, alltoall, ...) while a rank has joined
+    raise :class:`~ccl.torch.HorovodInternalError` on the ranks that called
+    them. Collectives the rank submitted before ``join`` finish first.
 
     Parameters
     ----------
@@ -278,7 +327,8 @@ def join(device=-1):
     Returns
     -------
     int
-        The global rank that reached ``join`` last.
+        The global rank that called ``join`` last (of ranks that joined
+        together, the one with the latest clock).
 
     Examples
     --------
@@ -287,7 +337,11 @@ def join(device=-1):
     >>> 0 <= hvd.join() < hvd.size()
     True
     """
-    arrived = torch.tensor([time.time()], dtype=torch.float64)
-    times = synchronize(allgather_async(arrived, name=None))
     del device
-    return int(torch.argmax(times).item())
+
+    def zeros(spec):
+        tensor_ops.allreduce_data(global_process_set, zeros_of(spec), spec["op"],
+                                  spec["prescale"], spec["postscale"])
+
+    return synchronize(submit("join", None, global_process_set,
+                              lambda ps, name, error: join_work(ps._comm, zeros)))

@@ -105,8 +105,10 @@ class _DistributedMixin:
         reducer = self._ccl
         if not reducer.skip:
             if reducer.synced_since_step:
-                warnings.warn("optimizer.step() after optimizer.synchronize() reduces the "
-                              "gradients a second time; call step() inside "
+                # Horovod's wording, which Horovod programs and tests look for
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(): the gradients are "
+                              "reduced a second time; call step() inside "
                               "'with optimizer.skip_synchronize():'", stacklevel=2)
             self.synchronize()
         reducer.synced_since_step = False

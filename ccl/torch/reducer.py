@@ -60,6 +60,9 @@ class Reducer(BucketHooks):
         self.engine.what = "DistributedOptimizer"
         self.optimizer = None  # a weak reference to the wrapped optimizer (lr-corrected EF)
         self.comm = runtime.comm  # this thread's: the gradient census of synchronize()
+        # Horovod's gradient_predivide_factor f: gradients times 1/f before the reduction,
+        # the result times f after it (set by ccl.torch.horovod_optimizer)
+        self.prescale = self.postscale = 1.0
         self.lock = threading.RLock()
         self.bucket_of, self.offset_of, self.buckets = [], [], []
         self.skip = False
@@ -134,6 +137,8 @@ class Reducer(BucketHooks):
                     raise TypeError(f"parameter {self.plan.names[i]!r} got a sparse "
                                     "gradient; DistributedOptimizer reduces dense gradients")
                 view.copy_(p.grad)
+                if self.prescale != 1.0:
+                    view.mul_(self.prescale)
         return bucket
 
     def launch(self, bucket):
@@ -209,6 +214,8 @@ class Reducer(BucketHooks):
                     if p.grad is None:
                         p.grad = torch.empty_like(p)
                     p.grad.copy_(values)
+                    if self.postscale != 1.0:
+                        p.grad.mul_(self.postscale)
 
     # ----------------------------------------------------------------- state
     def state_dict(self):

@@ -19,13 +19,14 @@ from mpi4py import MPI
 
 from ..agreement import agree
 from ..collectives.auto import fitting
-from ..errors import MismatchError
 from . import timeline
 from .adasum import adasum_allreduce
+from ..errors import MismatchError
+from .joins import JoinedError, negotiate
 
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "OP_NAMES",
            "HorovodInternalError", "allreduce", "allgather", "broadcast", "alltoall",
-           "reducescatter", "barrier", "DTYPES"]
+           "allreduce_data", "AutoName", "name_field", "reducescatter", "barrier", "DTYPES"]
 
 # Horovod's reduction op values
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
@@ -54,6 +55,23 @@ class HorovodInternalError(RuntimeError):
     """
 
 
+class AutoName(str):
+    """A generated name (``allreduce.noname.7``): the ranks' agreement leaves it out.
+
+    Generated names count this rank's calls; after a call that failed on some
+    ranks only (a test that stopped early), the counts differ between ranks
+    while the calls still pair up in order, so only names the caller gave
+    are compared.
+    """
+
+    __slots__ = ()
+
+
+def name_field(name):
+    """What the agreement compares of ``name`` (None for a generated one)."""
+    return None if isinstance(name, AutoName) else name
+
+
 def check_tensor(tensor, what, dtypes=_MOVABLE):
     """Raise TypeError/ValueError for what Horovod's CPU path does not take."""
     if not isinstance(tensor, torch.Tensor):
@@ -64,11 +82,19 @@ def check_tensor(tensor, what, dtypes=_MOVABLE):
         raise ValueError(f"{what} takes dense tensors (call tensor.to_dense())")
 
 
-def _agree(process_set, what, fields, error):
+def _agree(process_set, what, fields, error, describe=None):
+    """Agree on the call with the set's ranks; return the ranks that called ``join()``.
+
+    The global set negotiates with joined ranks too (:mod:`ccl.torch.joins`);
+    ``describe`` tells them what an allreduce needs from them.
+    """
     try:
         with timeline.phase("NEGOTIATE", what):
+            if process_set.process_set_id == 0:
+                return negotiate(process_set._comm, what, fields, error, describe)
             agree(process_set._comm, what, fields, error)
-    except MismatchError as exc:
+            return []
+    except (MismatchError, JoinedError) as exc:
         raise HorovodInternalError(f"{what}: {exc}") from exc
 
 
@@ -94,16 +120,38 @@ def _scale(buf, factor):
     return buf.copy_((buf.to(torch.float64) * factor).to(buf.dtype))
 
 
+def _prescaled(tensor, factor):
+    """The working copy times ``factor``, rounded to the tensor's dtype as Horovod's is."""
+    buf = _scale(_work(tensor), factor)
+    if factor != 1 and buf.dtype != tensor.dtype and tensor.dtype.is_floating_point:
+        buf = buf.to(tensor.dtype).to(buf.dtype)  # half types: prescaled in their own dtype
+    return buf
+
+
 def _bytes(tensor):
     return tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
 def allreduce(process_set, tensors, op, name, prescale, postscale, codec, error):
     """Reduce ``tensors`` over the set; return the results (new tensors)."""
-    fields = [("name", name), ("op", OP_NAMES.get(op, op)), ("tensors", _signature(tensors)),
+    fields = [("name", name_field(name)), ("op", OP_NAMES.get(op, op)),
+              ("tensors", _signature(tensors)),
               ("scale factors", (float(prescale), float(postscale))),
               ("compression", codec.get_config() if codec is not None else None)]
-    _agree(process_set, "allreduce", fields, error)
+
+    def describe():  # for ranks that called join(): they contribute zeros
+        reason = "a compressed allreduce" if codec is not None else \
+            f"op={OP_NAMES.get(op, op)} cannot take zeros" if op not in (Sum, Average) else ""
+        return dict(ok=not reason, reason=reason, op=op, prescale=float(prescale),
+                    postscale=float(postscale),
+                    tensors=[[str(t.dtype), list(t.shape)] for t in tensors])
+
+    _agree(process_set, "allreduce", fields, error, describe)
+    return allreduce_data(process_set, tensors, op, prescale, postscale, codec, name)
+
+
+def allreduce_data(process_set, tensors, op, prescale, postscale, codec=None, name=None):
+    """The data movement of :func:`allreduce`, after the agreement."""
     size = process_set._comm.Get_size()
     post = postscale / size if op == Average else postscale
     if codec is not None:
@@ -130,7 +178,7 @@ def allreduce(process_set, tensors, op, name, prescale, postscale, codec, error)
         half = tensor.dtype in (torch.float16, torch.bfloat16)
         groups.setdefault(torch.float32 if half else tensor.dtype, []).append(i)
     for indices in groups.values():
-        flat = torch.cat([_scale(_work(tensors[i]), prescale).reshape(-1) for i in indices])
+        flat = torch.cat([_prescaled(tensors[i], prescale).reshape(-1) for i in indices])
         if flat.numel():
             with timeline.phase("WIRE", "MPI_Allreduce", bytes=flat.numel() * flat.element_size()):
                 process_set._comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=_MPI_OPS[op])
@@ -147,7 +195,7 @@ def allreduce(process_set, tensors, op, name, prescale, postscale, codec, error)
 def allgather(process_set, tensors, name, error):
     """Concatenate every rank's tensors along the first dimension (sizes may differ)."""
     shaped = [t.reshape(1) if t.dim() == 0 else t for t in tensors]
-    _agree(process_set, "allgather", [("name", name),
+    _agree(process_set, "allgather", [("name", name_field(name)),
                                       ("tensors", _signature(shaped, first_dim=False))], error)
     comm = process_set._comm
     size = comm.Get_size()
@@ -170,7 +218,7 @@ def allgather(process_set, tensors, name, error):
 
 def broadcast(process_set, tensors, root_rank, name, error):
     """Root's ``tensors`` on every rank of the set (``root_rank`` is a global rank)."""
-    _agree(process_set, "broadcast", [("name", name), ("root_rank", root_rank),
+    _agree(process_set, "broadcast", [("name", name_field(name)), ("root_rank", root_rank),
                                       ("tensors", _signature(tensors))], error)
     comm = process_set._comm
     root = process_set.ranks.index(root_rank) if process_set.process_set_id else root_rank
@@ -187,7 +235,7 @@ def broadcast(process_set, tensors, root_rank, name, error):
 
 def alltoall(process_set, tensor, splits, name, error):
     """Send ``splits[r]`` first-dimension rows to rank ``r`` of the set; return what came."""
-    _agree(process_set, "alltoall", [("name", name),
+    _agree(process_set, "alltoall", [("name", name_field(name)),
                                      ("tensors", _signature([tensor], first_dim=False))],
            error)
     comm = process_set._comm
@@ -214,7 +262,8 @@ def rows_of(first_dim, size):
 
 def reducescatter(process_set, tensors, op, name, prescale, postscale, codec, error):
     """Reduce over the set; each rank keeps its rows of the first dimension."""
-    fields = [("name", name), ("op", OP_NAMES.get(op, op)), ("tensors", _signature(tensors)),
+    fields = [("name", name_field(name)), ("op", OP_NAMES.get(op, op)),
+              ("tensors", _signature(tensors)),
               ("scale factors", (float(prescale), float(postscale))),
               ("compression", codec.get_config() if codec is not None else None)]
     _agree(process_set, "reducescatter", fields, error)

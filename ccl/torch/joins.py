@@ -1,0 +1,168 @@
+"""Horovod's ``join()``: a rank that ran out of work takes part in the others' allreduces.
+
+Every tensor collective of the global process set starts with one exchange of
+fixed-size rows (:func:`negotiate`): the call's fingerprint (what, name, op,
+shapes, dtypes, ...) from each rank, or a "joined" row from a rank waiting
+in :func:`join_work`. While some ranks have joined:
+
+* an allreduce (``Sum`` or ``Average``, no codec) goes ahead: the first
+  active rank broadcasts the call's shapes and dtypes as JSON, the joined
+  ranks contribute zeros (an average still divides by the set's size, as
+  Horovod does);
+* any other collective (allgather, broadcast, alltoall, ...) raises
+  :class:`~ccl.torch.HorovodInternalError` on every active rank, and the
+  joined ranks keep waiting;
+* once every rank sent a joined row, ``join`` returns on every rank with
+  the rank that joined last.
+
+So no rank hangs: a joined rank answers every exchange the others start.
+
+>>> import torch, ccl.torch as hvd
+>>> hvd.init()
+>>> if hvd.rank() < hvd.size() - 1 or hvd.size() == 1:  # the last rank ran out of data
+...     out = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="more")
+>>> last = hvd.join()
+>>> last != hvd.size() - 1 or hvd.size() == 1
+True
+"""
+
+import json
+import time
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from ..agreement import agreement_row, field_crc, verdict
+
+__all__ = ["negotiate", "join_work", "zeros_of", "JoinedError", "MAX_FIELDS"]
+
+#: fields of a collective's fingerprint (the call's kind comes first)
+MAX_FIELDS = 7
+# columns after the agreement row: joined flag, rounds spent joined, join time (microseconds)
+_WIDTH = 1 + MAX_FIELDS
+_JOINED, _ROUNDS, _TIME = _WIDTH, _WIDTH + 1, _WIDTH + 2
+_ALLREDUCE = field_crc("allreduce")
+
+
+class JoinedError(RuntimeError):
+    """A collective other ranks cannot join: some ranks called ``join()`` already."""
+
+
+def _exchange(comm, row):
+    rows = np.empty((comm.Get_size(), row.size), dtype=np.int64)
+    comm.Allgather([row, MPI.INT64_T], [rows, MPI.INT64_T])
+    return rows
+
+
+def _row(fields, error, joined=False, rounds=0, stamp=0):
+    row = np.zeros(_WIDTH + 3, dtype=np.int64)
+    if not joined:
+        row[:1 + len(fields)] = agreement_row(fields, error)
+    row[_JOINED], row[_ROUNDS], row[_TIME] = int(joined), rounds, stamp
+    return row
+
+
+def _consistent(active_rows):
+    """Whether the active ranks agree (no error code, equal fingerprints)."""
+    return not active_rows[:, 0].any() and bool((active_rows == active_rows[0]).all())
+
+
+def _bcast_json(comm, value, root):
+    data = np.frombuffer(json.dumps(value).encode("utf-8"), dtype=np.uint8) \
+        if comm.Get_rank() == root else None
+    length = np.array([0 if data is None else data.size], dtype=np.int64)
+    comm.Bcast([length, MPI.INT64_T], root=root)
+    buf = data.copy() if data is not None else np.empty(int(length[0]), dtype=np.uint8)
+    comm.Bcast([buf, MPI.BYTE], root=root)
+    return json.loads(buf.tobytes().decode("utf-8"))
+
+
+def negotiate(comm, what, fields, error, describe=None):
+    """Agree on one collective with the ranks of ``comm`` (collective; joined ranks answer).
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+        The global set's communicator.
+    what : str
+        The collective (``"allreduce"``, ``"allgather"``, ...).
+    fields : sequence of (str, object)
+        What must be equal on every rank (at most ``MAX_FIELDS - 1``).
+    error : Exception or None
+        This rank's own argument error.
+    describe : callable, optional
+        For an allreduce: returns ``{"ok": bool, "reason": str, "tensors":
+        [[dtype, shape], ...], "op": int, "prescale": float, "postscale":
+        float}``, what joined ranks need to contribute zeros.
+
+    Returns
+    -------
+    list of int
+        The ranks that have joined (empty in the common case).
+
+    Raises
+    ------
+    ccl.MismatchError
+        If active ranks disagree (as :func:`ccl.agreement.agree`).
+    JoinedError
+        If ranks have joined and this collective cannot go ahead without them.
+    """
+    fields = [("collective", what)] + list(fields)
+    row = _row(fields, error)
+    rows = _exchange(comm, row)
+    joined = np.flatnonzero(rows[:, _JOINED])
+    if not joined.size:
+        verdict(comm, what, fields, row[:_WIDTH], rows[:, :_WIDTH], error)
+        return []
+    active = np.flatnonzero(rows[:, _JOINED] == 0)
+    verdict(comm, what, fields, row[:_WIDTH], rows[active, :_WIDTH], error, ranks=active)
+    joined = joined.tolist()
+    if what != "allreduce":
+        raise JoinedError(f"{what}: rank(s) {joined} called join() already; only allreduce "
+                          "goes ahead while ranks have joined (they contribute zeros)")
+    root = int(active[0])
+    spec = describe() if comm.Get_rank() == root else None
+    spec = _bcast_json(comm, spec, root)
+    if not spec["ok"]:
+        raise JoinedError(f"allreduce: rank(s) {joined} called join() already, and "
+                          f"{spec['reason']}")
+    return joined
+
+
+def join_work(comm, allreduce_zeros):
+    """The joined rank's side: answer exchanges until every rank joined (collective).
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+        The global set's communicator.
+    allreduce_zeros : callable
+        ``allreduce_zeros(spec)`` takes part in an allreduce the active ranks
+        agreed on, contributing zeros (``spec`` as from ``describe``).
+
+    Returns
+    -------
+    int
+        The rank that joined last: the fewest rounds spent joined, then the
+        latest clock, then the highest rank.
+    """
+    rounds, stamp = 0, int(time.time() * 1e6)
+    while True:
+        rows = _exchange(comm, _row([], None, joined=True, rounds=rounds, stamp=stamp))
+        if rows[:, _JOINED].all():
+            keys = [(-int(r[_ROUNDS]), int(r[_TIME]), rank) for rank, r in enumerate(rows)]
+            return max(keys)[2]
+        rounds += 1
+        active = np.flatnonzero(rows[:, _JOINED] == 0)
+        if rows[active[0], 1] != _ALLREDUCE or not _consistent(rows[active, :_WIDTH]):
+            continue  # the active ranks raise; nothing moves
+        spec = _bcast_json(comm, None, int(active[0]))
+        if spec["ok"]:
+            allreduce_zeros(spec)
+
+
+def zeros_of(spec):
+    """The zero tensors a joined rank contributes to an allreduce ``spec``."""
+    return [torch.zeros(shape, dtype=getattr(torch, dtype.split(".")[-1]))
+            for dtype, shape in spec["tensors"]]
