@@ -336,7 +336,7 @@ def fsdp_compress(model, codec=None, all_gather_codec=None, algorithm="auto", **
         How weights are gathered before forward and backward; ``None``:
         FSDP's own exact all-gather. No error feedback: casts (``"bf16"``,
         ``"fp16"``) and unbiased quantizers (``"thc"``, ``"dithering"``)
-        only, see :data:`WEIGHT_ERROR_LIMIT`.
+        only, see :data:`~ccl.torch.fsdp.WEIGHT_ERROR_LIMIT`.
     algorithm : {"auto", "ring", "direct"}
         Reduce-scatter algorithm (see :func:`ccl.reduce_scatter`); with HSDP
         the cross-replica allreduce's (see :func:`ccl.compressed_allreduce`).
