@@ -286,6 +286,18 @@ def test_hsdp_exact_inside_replicas_compressed_across(comm, hvd):
     assert keys == [f"blocks.{i} shard {shard} of {comm.size // 2}" for i in range(3)]
 
 
+def test_state_not_kept_by_the_caller_lives_as_long_as_the_model(comm, hvd):
+    import gc
+
+    model = make_model()
+    ct.fsdp_compress(model, codec="thc", all_gather_codec="bf16", **COMPRESS)
+    gc.collect()
+    ct.fsdp_compress(make_model(), codec="fp16")  # frees the communicators of dropped states
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, opt, comm.rank, 2)
+    assert_same_on_all_ranks(comm, full(model))
+
+
 def test_model_without_fully_shard_raises_on_every_rank(comm, hvd):
     with pytest.raises(TypeError, match="fully_shard"):
         ct.fsdp_compress(make_model(sharded=False), codec="thc")

@@ -22,6 +22,7 @@ all-reduce hook (``set_all_reduce_hook``).
 """
 
 import collections
+import warnings
 import weakref
 
 import numpy as np
@@ -73,6 +74,25 @@ def _weights_codec(codec):
                          f"at most {WEIGHT_ERROR_LIMIT:.0%}): use a cast (\"bf16\", \"fp16\") "
                          "or an unbiased quantizer (\"thc\", \"dithering\")")
     return codec
+
+
+class _Engine(Engine):
+    """An engine whose communicator is the parent of others, freed with it (collective)."""
+
+    #: FSDP's own collectives keep the ranks in step: no step check when freed
+    checks_steps = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.children = []  # communicators made from self.comm
+
+    def close(self):
+        """Free the children, then the engine's communicator (collective)."""
+        if not self.closed:
+            for child in self.children:
+                child.Free()
+            self.children = []
+        super().close()
 
 
 def _name(qualified):
@@ -155,10 +175,12 @@ class FSDPState:
         self.codec, self.weights_codec = codec, weights
         # a private communicator, freed with ccl.torch (its thread, if any, stays idle:
         # FSDP calls the collectives synchronously, from its own thread)
-        self.engine = Engine(runtime, codec, "auto", "mean", **options)
-        self.engine.checks_steps = False  # FSDP's own collectives keep the ranks in step
+        self.engine = _Engine(runtime, codec, "auto", "mean", **options)
         weakref.finalize(self, self.engine.retire)
         self.tally = Tally(_COLLECTIVES)
+        # the collectives FSDP holds keep this state (and so its communicators) alive as
+        # long as the model uses them, kept by the caller or not
+        self.tally.owner = self
         self.hsdp = False
         comms, made, keyed = {}, [], []
         self._gathers = []  # the weights' communicators
@@ -203,6 +225,7 @@ class FSDPState:
             # collective on every rank: one group per replica, one across them per shard
             shard = world.Split(min(members), key=self.rank)
             cross = world.Split(members.index(self.rank), key=self.rank)
+            self.engine.children += [shard, cross]
         if cross is None:
             grads, exact = communicator(shard, codec, algorithm, feedback=True), None
             cross_comm = None
@@ -215,6 +238,7 @@ class FSDPState:
             # a communicator of its own: its call count seeds the codec's randomness (no
             # key), and a checkpoint restores it
             gather = communicator(shard.Dup(), weights, "auto")
+            self.engine.children.append(gather.comm)
             self._gathers.append(gather)
         return grads, exact, cross_comm, gather
 
@@ -305,8 +329,6 @@ class FSDPState:
             else:
                 c.load_state_dict(to_numpy_tree(saved_state))
         if saved != (self.rank, self.size):
-            import warnings
-
             warnings.warn(f"error-feedback residuals saved by rank {saved[0]} of {saved[1]} "
                           f"are not loaded on rank {self.rank} of {self.size} (they are per "
                           "rank): residuals start from zero, the steps are kept", stacklevel=2)

@@ -34,6 +34,7 @@ class Tally:
 
     def __init__(self, what):
         self.what = what
+        self.owner = None  # whatever must live as long as the collectives that count here
         self.modules = collections.defaultdict(lambda: dict.fromkeys(self.what, 0))
         self.calls = collections.Counter()
 
