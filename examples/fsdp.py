@@ -1,4 +1,4 @@
-"""FSDP2 (``fully_shard``) with ccl codecs: compressed gradient reduce-scatter and weight all-gather.
+"""FSDP2 (``fully_shard``) with ccl codecs: compressed gradient reduce-scatter, weight all-gather.
 
 Run on 4 ranks (any number works)::
 

@@ -1,4 +1,4 @@
-"""The collectives :func:`~ccl.torch.fsdp_compress` installs in FSDP2: ccl behind torch's interfaces.
+"""The collectives :func:`~ccl.torch.fsdp_compress` installs in FSDP2: ccl behind torch's API.
 
 PyTorch's ``fully_shard`` (FSDP2) lets a library replace its collectives
 with objects of the ``ReduceScatter`` and ``AllGather`` interfaces of
@@ -108,7 +108,7 @@ class CclReduceScatter(ReduceScatter):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        """Reduce ``input_tensor`` over the ranks; this rank's block of the mean into ``output_tensor``."""
+        """Average ``input_tensor`` over the ranks; this rank's block into ``output_tensor``."""
         _check_group(group, self.communicator, "reduce-scatter")
         if op != torch.distributed.ReduceOp.SUM:
             raise RuntimeError(f"FSDP asked ccl for a {op} reduce-scatter: something reset "
