@@ -48,6 +48,26 @@ def launch(args, ranks, timeout):
                           cwd=ROOT)
 
 
+def _free_port():
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    """A gloo process group over the world's ranks (DDP's, FSDP's), one per test module."""
+    dist = pytest.importorskip("torch.distributed")
+    world = MPI.COMM_WORLD
+    port = world.bcast(_free_port() if world.rank == 0 else None)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.rank,
+                            world_size=world.size)
+    yield
+    dist.destroy_process_group()
+
+
 @pytest.fixture
 def comm():
     """A fresh duplicate of COMM_WORLD for one test."""

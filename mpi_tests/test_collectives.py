@@ -112,6 +112,16 @@ def test_allgather_blocks_of_different_lengths(comm, codec):
     assert_same_on_all_ranks(comm, full)
 
 
+@pytest.mark.parametrize("codec", ["none", "fp16"])
+def test_allgather_of_a_mean_communicator_gathers_blocks_unscaled(comm, codec):
+    # op is a reduction's: a Communicator made for means gathers blocks as they are
+    c = ccl.Communicator(comm, codec, op="mean")
+    block = rank_input(comm.rank, 56)
+    full = c.allgather(block)
+    expected = np.concatenate([rank_input(r, 56) for r in range(comm.size)])
+    np.testing.assert_allclose(full, expected, atol=TOLERANCE[codec] * 4)
+
+
 @pytest.mark.parametrize("algorithm", ["ring", "tree", "direct", "allgather"])
 def test_error_feedback_conserves_mass(comm, algorithm):
     """delivered + residuals held == sum of inputs, over 50 steps (test-stepquant: lossy)."""

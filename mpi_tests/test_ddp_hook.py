@@ -8,11 +8,9 @@ that the loss can fall.
 """
 
 import io
-import socket
 import warnings
 
 import pytest
-from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -31,23 +29,6 @@ SMALL_BUCKETS_MB = 0.0001
 LOSSY = ["fp16", "onebit", "thc", "topk"]
 # "auto" sends buckets this small uncompressed: name the algorithm to compress them
 COMPRESS = dict(algorithm="ring", min_compress_bytes=0)
-
-
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    """A gloo process group over the world's ranks, for DDP."""
-    world = MPI.COMM_WORLD
-    port = world.bcast(_free_port() if world.rank == 0 else None)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.rank,
-                            world_size=world.size)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture

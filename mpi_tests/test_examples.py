@@ -24,9 +24,9 @@ serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
                             reason="serial test: launches its own 4-rank job")
 
 
-def run_example(name):
+def run_example(name, timeout=JOB_TIMEOUT):
     """Run ``examples/<name>`` on 4 ranks; return its output, failing on a non-zero exit."""
-    result = launch(["-m", "mpi4py", os.path.join(ROOT, "examples", name)], RANKS, JOB_TIMEOUT)
+    result = launch(["-m", "mpi4py", os.path.join(ROOT, "examples", name)], RANKS, timeout)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{name} failed ({result.returncode}):\n{output[-3000:]}"
     return result.stdout
@@ -85,6 +85,23 @@ def test_ddp_hook_example():
     assert len(losses) == 5, out
     assert losses[-1] < losses[0]
     assert f"DDP with the thc hook on {RANKS} ranks: replicas identical" in out
+
+
+@serial
+def test_fsdp_example():
+    """The PyTorch guide's FSDP section: thc gradients, bf16 weights, replicas identical."""
+    pytest.importorskip("torch")
+    out = run_example("fsdp.py", timeout=2 * JOB_TIMEOUT)  # four ranks of FSDP: the slowest
+    losses = [float(x) for x in re.findall(r"^step \d+ loss (\S+)$", out, re.MULTILINE)]
+    assert len(losses) == 3, out
+    assert losses[-1] < losses[0] / 2  # a linearly separable toy problem: training converges
+    match = re.search(r"FSDP with thc gradients and bf16 weights on (\d+) ranks: replicas "
+                      r"identical, (\d+) gradient and (\d+) weight bytes sent by rank 0", out)
+    assert match, out
+    assert int(match.group(1)) == RANKS
+    # thc's 4 bits a value against bf16's 16: gradients, reduce-scattered once a step,
+    # cost less than weights, gathered twice a step (resharded after forward)
+    assert 0 < int(match.group(2)) < int(match.group(3))
 
 
 @serial

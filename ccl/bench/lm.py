@@ -29,6 +29,9 @@ in the same run:
   ``--sync-every`` steps on pseudo-gradients averaged with that codec
   (:mod:`ccl.bench.lm_diloco`).
 
+``--fsdp`` runs the model sharded with FSDP2 instead, exact and with
+:func:`ccl.torch.fsdp_compress` (:mod:`ccl.bench.lm_fsdp`).
+
 Compressed methods use the algorithm that fits each codec
 (:func:`ccl.collectives.auto.fitting`). Reported per method: validation loss
 against steps and against training wall time (the slowest rank's, evaluation
@@ -61,6 +64,8 @@ from ccl.collectives.auto import fitting
 
 from .lm_diloco import add_arguments as add_diloco_arguments
 from .lm_diloco import run_diloco
+from .lm_fsdp import add_arguments as add_fsdp_arguments
+from .lm_fsdp import main_fsdp
 from .train_methods import set_torch_threads
 
 METHODS = ("adamw", "do", "cadam", "ddp")
@@ -394,6 +399,7 @@ def main(argv=None):
     parser.add_argument("--powersgd-rank", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     add_diloco_arguments(parser)
+    add_fsdp_arguments(parser)
     parser.add_argument("--json", help="write the rows (with their curves) here")
     parser.add_argument("--plot", help="write a PNG of the curves and bytes here")
     args = parser.parse_args(argv)
@@ -417,6 +423,8 @@ def main(argv=None):
              f"{args.steps} steps")
     if comm.rank == 0:
         print(title, flush=True)
+    if args.fsdp:
+        return main_fsdp(comm, data, args, make_model, train, seconds_to, title)
     rows = run_ccl(comm, args.methods, specs, data, args)
     if "ddp" in args.methods:
         rows += run_ddp(comm, data, args)

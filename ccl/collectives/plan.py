@@ -272,7 +272,9 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
         if trace.recording():
             _trace_call(channel, request, key, algorithm, began, sent, plain, completed)
     options, codec, p = request.options, request.codec, channel.size
-    if options.op == "mean" and not codec.predivide_mean and p > 1:
+    # an allgather sums nothing: a Communicator's default op "mean" does not apply to it
+    mean = options.op == "mean" and collective != "allgather"
+    if mean and not codec.predivide_mean and p > 1:
         total = total / p
     result = total
     if total.dtype != request.x.dtype:
@@ -305,7 +307,8 @@ def _reduce(channel, feedback, request, algorithm, key, step, tag):
     channel.use_backend(request.backend)  # device payloads: CUDA-aware MPI or staging
     channel.activity = (f"{request.collective}(key={key!r}, codec={codec.codec_id!r}, "
                         f"algorithm={algorithm!r})")
-    if request.options.op == "mean" and codec.predivide_mean and p > 1:
+    if request.options.op == "mean" and codec.predivide_mean and p > 1 \
+            and request.collective != "allgather":
         flat = flat / p
     state = None
     if key is not None:

@@ -38,6 +38,7 @@ from .collectives import (allreduce_async, allreduce_async_, grouped_allreduce_a
                           reducescatter_async)
 from .compression import Compression
 from .ddp import ddp_comm_hook
+from .fsdp import fsdp_compress
 from .handles import poll, stop_timeline, synchronize
 from .horovod_functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                 broadcast_parameters)
@@ -57,7 +58,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "threads_supported",
     "DistributedOptimizer", "DEFAULT_FUSION_THRESHOLD_BYTES", "CompressedAdam",
-    "DiLoCo", "ddp_comm_hook",
+    "DiLoCo", "ddp_comm_hook", "fsdp_compress",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
     "allgather_object",
     # Horovod's API
