@@ -311,7 +311,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
     min_compress_bytes : int
         Buckets smaller than this (default 65536, ``ccl.collectives.auto``'s
         threshold) are sent uncompressed: for them latency, not bandwidth,
-        costs.
+        costs. PowerSGD decides per matrix instead (its ``min_compression_rate``).
     lr_corrected : bool
         Learning-rate-corrected error feedback: a bucket's residuals are
         scaled by eta(t-1)/eta(t) when the ``lr`` of its first parameter's

@@ -240,6 +240,11 @@ class PowerSGD:
     def state_dict(self, keys=None):
         """The warm-start ``Q`` and residuals (of ``keys`` only, if given), as tensors.
 
+        Parameters
+        ----------
+        keys : collection of str, optional
+            The bucket keys to save (default: all).
+
         Returns
         -------
         dict
@@ -252,7 +257,18 @@ class PowerSGD:
                 "residuals": pick(self.residuals)}
 
     def check_state(self, state):
-        """Raise ``ValueError`` unless ``state`` is a :meth:`state_dict` of these settings."""
+        """Raise ``ValueError`` unless ``state`` is a :meth:`state_dict` of these settings.
+
+        Parameters
+        ----------
+        state : dict
+            What :meth:`state_dict` returned (possibly after ``torch.load``).
+
+        Raises
+        ------
+        ValueError
+            If it is not one, or was saved with other settings.
+        """
         try:
             config, q, residuals = state["config"], state["q"], state["residuals"]
         except (KeyError, TypeError):
@@ -266,14 +282,27 @@ class PowerSGD:
     def load_state_dict(self, state, own=True):
         """Load a checked :meth:`state_dict`; residuals too if ``own`` (saved by this rank).
 
-        ``Q`` is the same on every rank, so it loads from any rank's state.
+        Parameters
+        ----------
+        state : dict
+            What :meth:`state_dict` returned, checked by :meth:`check_state`.
+        own : bool
+            Whether this rank saved it: residuals are per rank and start
+            from zero otherwise, while ``Q``, the same on every rank, loads
+            from any rank's state.
         """
         self.q = {k: v.detach().clone() for k, v in state["q"].items()}
         self.residuals = {k: v.detach().clone() for k, v in state["residuals"].items()} \
             if own else {}
 
     def keep(self, keys):
-        """Forget the ``Q`` and residuals of buckets not in ``keys`` (DDP rebuilt them)."""
+        """Forget the ``Q`` and residuals of buckets not in ``keys`` (DDP rebuilt them).
+
+        Parameters
+        ----------
+        keys : collection of str
+            The bucket keys still in use.
+        """
         self.q = {k: v for k, v in self.q.items() if k in keys}
         self.residuals = {k: v for k, v in self.residuals.items() if k in keys}
 
