@@ -172,7 +172,7 @@ class PowerSGD:
         ----------
         communicator : ccl.Communicator
             Carries the allreduces (its algorithm; ``P`` and ``Q`` with the
-            inner codec, no error feedback of its own).
+            inner codec, keyed ``key + "/P"`` and ``key + "/Q"``).
         key : str
             The bucket's name: its residual and ``Q`` are kept under it.
         flat : torch.Tensor
