@@ -52,15 +52,15 @@ def exact_mean(size, step):
 
 
 def reduce(method, comm, step, key="bucket"):
-    """``method`` applied to this rank's gradient of ``step`` (algorithm ring: compressed)."""
-    communicator = ccl.Communicator(comm, algorithm="ring")
+    """``method`` applied to this rank's gradient of ``step`` (ring, small P compressed too)."""
+    communicator = ccl.Communicator(comm, algorithm="ring", min_compress_bytes=0)
     return method.reduce(communicator, key, gradient(comm.rank, step), SHAPES, step)
 
 
 @pytest.mark.parametrize("op", ["mean", "sum"])
 def test_full_rank_is_the_exact_mean(comm, op):
     method = PowerSGD(rank=6, inner="none", warmup_steps=0, min_compression_rate=0)
-    communicator = ccl.Communicator(comm, algorithm="ring")
+    communicator = ccl.Communicator(comm, algorithm="ring", min_compress_bytes=0)
     out = method.reduce(communicator, "b", gradient(comm.rank, 0), SHAPES, 0, op=op)
     factor = comm.size if op == "sum" else 1
     np.testing.assert_allclose(out.double(), exact_mean(comm.size, 0) * factor, rtol=1e-4,
@@ -119,7 +119,7 @@ def test_warm_start_converges_to_the_best_rank_r_approximation(comm):
     matrix = (u * 0.8 ** torch.arange(30.0)) @ v.T  # singular values 0.8^i
     best = float(torch.linalg.matrix_norm(matrix - u[:, :2] * 0.8 ** torch.arange(2.0)
                                           @ v[:, :2].T))
-    communicator = ccl.Communicator(comm, algorithm="ring")
+    communicator = ccl.Communicator(comm, algorithm="ring", min_compress_bytes=0)
     errors = {}
     for warm in (True, False):
         method = PowerSGD(rank=2, inner="none", warmup_steps=0, warm_start=warm)
@@ -257,3 +257,17 @@ def test_training_on_digits_reaches_exact_averaging(comm, hvd):
         assert sent[False] < 0.25 * sent[True], sent
     assert accuracies[True] > 0.9
     assert accuracies[False] >= accuracies[True] - 0.015, accuracies
+
+
+def test_inner_codec_cuts_the_bytes_of_p_and_q(comm):
+    """P and Q travel with the inner codec: bf16 sends half of float32's bytes."""
+    if comm.size == 1:
+        pytest.skip("nothing is sent at one rank")
+    shapes = [torch.Size((256, 128))]
+    x = torch.randn(256 * 128, generator=torch.Generator().manual_seed(comm.rank))
+    sent = {}
+    for inner in ("none", "bf16"):
+        communicator = ccl.Communicator(comm, algorithm="ring", min_compress_bytes=0)
+        PowerSGD(rank=4, inner=inner, warmup_steps=0).reduce(communicator, "w", x, shapes, 0)
+        sent[inner] = communicator.stats()["bytes_sent"]
+    assert 0.45 * sent["none"] < sent["bf16"] < 0.55 * sent["none"], sent
