@@ -35,7 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import train_methods
-from .train_methods import METHODS, kind
+from .train_methods import METHODS, codec_ids, kind
 
 TARGET_FRACTION = 0.8
 
@@ -145,7 +145,7 @@ def run_methods(comm, methods, data, args, progress):
         import ccl
         import ccl.torch as ct
 
-        ccl.warmup([m.split("/", 1)[1] for m in group])
+        ccl.warmup(codec_ids(group))
         ct.init(comm)
         try:
             rows.update((m, train(comm, m, data, args, progress)) for m in group)
@@ -166,7 +166,7 @@ def run_methods(comm, methods, data, args, progress):
         import ccl.torch as ct
         import torch.distributed as dist
 
-        ccl.warmup([m.split("/", 1)[1] for m in group])
+        ccl.warmup(codec_ids(group))
         ct.init(comm)
         train_methods.init_gloo(comm)
         try:

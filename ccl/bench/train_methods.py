@@ -11,7 +11,9 @@ initial weights (:func:`ccl.bench.torch_digits.mlp` with the run's seed):
   for PowerSGD: one bucket (see :func:`build`);
 - ``ccl/<codec>``: :func:`ccl.torch.DistributedOptimizer` with that codec
   and nothing else: default codec settings, ``algorithm="auto"``, default
-  fusion;
+  fusion; ``ccl/powersgd`` is ccl's PowerSGD at ``ddp/powersgd``'s rank and
+  warm-up (its default inner codec, bf16), ``ccl/powersgd+<codec>`` the
+  same with that inner codec (:func:`ccl_codec`);
 - ``hook/<codec>``: ``DistributedDataParallel`` on gloo with ccl's codec as
   its communication hook (:func:`ccl.torch.ddp_comm_hook`, default settings),
   DDP's default buckets;
@@ -37,7 +39,8 @@ import struct
 from mpi4py import MPI
 
 DDP_HOOKS = ("none", "fp16", "powersgd")
-CCL_CODECS = ("none", "fp16", "3lc", "onebit", "thc", "sidco", "topk")
+CCL_CODECS = ("none", "fp16", "3lc", "onebit", "thc", "sidco", "topk", "powersgd",
+              "powersgd+thc")
 HOOK_CODECS = ("3lc", "onebit")
 HVD_COMPRESSIONS = ("fp16", "3lc")
 METHODS = (tuple(f"ddp/{h}" for h in DDP_HOOKS) + tuple(f"ccl/{c}" for c in CCL_CODECS)
@@ -46,6 +49,31 @@ METHODS = (tuple(f"ddp/{h}" for h in DDP_HOOKS) + tuple(f"ccl/{c}" for c in CCL_
 POWERSGD_RANK = 4
 POWERSGD_START = 2  # powerSGD_hook's minimum with error feedback (buckets rebuild after step 1)
 _SIOCGIFADDR = 0x8915
+
+
+def ccl_codec(name):
+    """The ``codec`` argument of method ``ccl/<name>``.
+
+    ``powersgd`` and ``powersgd+<inner>`` get ``ddp/powersgd``'s rank and
+    warm-up steps, so that the rows compare the implementations.
+    """
+    method, _, inner = name.partition("+")
+    if method != "powersgd":
+        return name
+    return {"id": "powersgd", "rank": POWERSGD_RANK, "warmup_steps": POWERSGD_START,
+            **({"inner": inner} if inner else {})}
+
+
+def codec_ids(methods):
+    """The ids of the codecs the ``ccl/`` ``methods`` run (PowerSGD's: its inner codec)."""
+    from ccl.torch.powersgd import powersgd_method
+
+    ids = []
+    for method in methods:
+        codec = ccl_codec(method.split("/", 1)[1])
+        powersgd = powersgd_method(codec)
+        ids.append(codec if powersgd is None else powersgd.inner.codec_id)
+    return ids
 
 
 def kind(method):
@@ -214,7 +242,7 @@ def build(method, hidden, seed, lr):
         return model, optimizer, None
 
     optimizer = ct.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                        codec=name)
+                                        codec=ccl_codec(name))
     return model, optimizer, lambda: optimizer.communication_stats()["bytes_sent"]
 
 

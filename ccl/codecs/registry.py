@@ -120,6 +120,12 @@ def get_codec(spec=None, **params):
         raise TypeError(f"codec must be an id string, a config dict, a Codec or None; "
                         f"got {type(spec).__name__}")
     cls = _REGISTRY.get(str(codec_id).lower())
+    if cls is None and str(codec_id).lower() == "powersgd":
+        raise ValueError("'powersgd' is not a codec (it approximates whole weight matrices "
+                         "with two allreduces, not chunks): pass codec='powersgd' to "
+                         "ccl.torch.DistributedOptimizer or ccl.torch.ddp_comm_hook, or "
+                         f"use ccl.torch.PowerSGD; known codecs: "
+                         f"{', '.join(registered_codecs())}")
     if cls is None:
         raise ValueError(f"unknown codec {codec_id!r}; known codecs: "
                          f"{', '.join(registered_codecs())}")

@@ -46,6 +46,7 @@ from .horovod_optimizer import DistributedOptimizer
 from .movement import (allgather_async, alltoall_async, barrier, broadcast_async,
                        broadcast_async_, grouped_allgather_async, join, sparse_allreduce_async)
 from .optimizer import DEFAULT_FUSION_THRESHOLD_BYTES
+from .powersgd import PowerSGD
 from .process_sets import (ProcessSet, add_process_set, global_process_set, init,
                            remove_process_set)
 from .sync_batch_norm import SyncBatchNorm
@@ -58,7 +59,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "threads_supported",
     "DistributedOptimizer", "DEFAULT_FUSION_THRESHOLD_BYTES", "CompressedAdam",
-    "DiLoCo", "ddp_comm_hook", "fsdp_compress",
+    "DiLoCo", "ddp_comm_hook", "fsdp_compress", "PowerSGD",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
     "allgather_object",
     # Horovod's API

@@ -12,6 +12,7 @@ import torch
 
 from ..codecs import get_codec
 from ..collectives import ALGORITHM_NAMES, OPS
+from .powersgd import powersgd_method
 
 __all__ = ["plan_buckets", "work_dtype", "named_params", "Plan"]
 
@@ -140,7 +141,9 @@ class Plan:
                             ("min_compress_bytes", min_compress_bytes)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        self.codec = get_codec(codec)
+        # PowerSGD is a reduction method, not a codec: its inner codec carries P and Q
+        self.powersgd = powersgd_method(codec)
+        self.codec = get_codec(codec) if self.powersgd is None else self.powersgd.inner
         self.algorithm, self.op, self.passes = algorithm, op, k
         self.threshold, self.min_compress = fusion_threshold_bytes, min_compress_bytes
         self.lr_corrected = False  # DistributedOptimizer sets it (lr-corrected error feedback)
@@ -165,12 +168,16 @@ class Plan:
         entries = [(p.numel() * work_dtype(p.dtype).itemsize, work_dtype(p.dtype))
                    for _, p in named]
         # lossy codecs scale (or select) per chunk: keep their chunks inside one tensor
-        solo = max(self.min_compress, 1) if self.codec.error_feedback else None
+        # (PowerSGD approximates each matrix of a bucket by itself: its buckets may fuse)
+        solo = max(self.min_compress, 1) if self.codec.error_feedback and \
+            self.powersgd is None else None
         added, compressed = [], []
         for members in plan_buckets(entries, max(self.threshold, 1), solo):
             dtype = entries[members[0]][1]
             nbytes = sum(entries[i][0] for i in members)
-            compress = not self.codec.identity and nbytes >= self.min_compress
+            # PowerSGD decides per matrix (its min_compression_rate), not per bucket
+            compress = self.powersgd is not None or \
+                (not self.codec.identity and nbytes >= self.min_compress)
             np_dtype = np.dtype(str(dtype).replace("torch.", ""))
             if compress and np_dtype not in self.codec.input_dtypes:
                 raise TypeError(f"codec {self.codec.codec_id!r} does not take {np_dtype} "
@@ -220,9 +227,13 @@ class Plan:
         return [[(self.names[i], tuple(self.params[i].shape), str(self.params[i].dtype))
                  for i in members] for members in self.buckets]
 
+    def config(self):
+        """The codec's config, or PowerSGD's settings (``"id": "powersgd"``)."""
+        return (self.powersgd or self.codec).get_config()
+
     def signature(self):
         """Everything every rank must agree on."""
-        return (self.layout(), self.codec.get_config(), self.algorithm, self.op, self.passes,
+        return (self.layout(), self.config(), self.algorithm, self.op, self.passes,
                 self.threshold, self.min_compress, self.compressed)
 
 

@@ -28,6 +28,7 @@ from ..collectives import Options
 from .buckets import work_dtype
 from .engine import STEP, Engine, Job, StepCheck
 from .functions import from_array, load_steps, to_array, to_numpy_tree, to_torch_tree
+from .powersgd import PowerSGDJob, bucket_of, powersgd_method
 from .runtime import current
 
 __all__ = ["ddp_comm_hook", "DDPHookState", "ccl_comm_hook"]
@@ -68,10 +69,13 @@ class DDPHookState:
         Validated codec and algorithm of the allreduce.
     options : dict
         Further :class:`ccl.Communicator` arguments.
+    powersgd : PowerSGD, optional
+        Reduce buckets with PowerSGD (``codec`` is then its inner codec).
     """
 
-    def __init__(self, runtime, codec, algorithm, options):
+    def __init__(self, runtime, codec, algorithm, options, powersgd=None):
         self.rank, self.size = runtime.rank, runtime.size
+        self.powersgd = powersgd
         self.engine = Engine(runtime, codec, algorithm, "mean", **options)
         self.engine.what = "the DDP hook"  # its steps: backward passes
         # gone on every rank: the communicator is freed at the next collective point
@@ -125,7 +129,10 @@ class DDPHookState:
             # once, after DDP rebuilt its buckets (the snapshot copies every residual)
             feedback = self.engine.communicator.feedback
             held = feedback.state_dict()
-            feedback.load_state_dict({k: v for k, v in held.items() if k in self._live})
+            feedback.load_state_dict({k: v for k, v in held.items()
+                                      if bucket_of(k) in self._live})
+            if self.powersgd is not None:
+                self.powersgd.keep(self._live)
             self._held = set(self._live)
         self._pass_keys = {}
         self._pass_over = False
@@ -190,9 +197,10 @@ class DDPHookState:
             self._start_pass()
         buffer = bucket.buffer()
         # each parameter's slice of the flat buffer, by the parameter's number
-        where, offset = {}, 0
+        where, offset, shapes = {}, 0, {}
         for p in bucket.parameters():
             where[self._number(p)] = (offset, p.numel())
+            shapes[self._number(p)] = p.shape
             offset += p.numel()
         groups = self._groups(where)
         for group in groups:
@@ -232,7 +240,11 @@ class DDPHookState:
                 if pending[0] == 0:
                     future.set_result(buffer)
 
-            job = Job(to_array(x), _key(group), on_done=done)
+            if self.powersgd is not None:
+                job = PowerSGDJob(self.powersgd, x, _key(group), [shapes[n] for n in group],
+                                  self.engine.steps, on_done=done)
+            else:
+                job = Job(to_array(x), _key(group), on_done=done)
             job.gate = self._check  # ranks at other passes: no collective, the check's error
             self.engine.submit(job)
             self._last = job
@@ -266,12 +278,16 @@ class DDPHookState:
         self._wait()
         state = self.engine.communicator.state_dict()
         if self._live is not None:
-            state["feedback"] = {k: v for k, v in state["feedback"].items() if k in self._live}
+            state["feedback"] = {k: v for k, v in state["feedback"].items()
+                                 if bucket_of(k) in self._live}
         layout = self._live.values() if self._live is not None else self._restored or ()
         groups = [list(group) for group in layout]
-        return {"version": STATE_VERSION, "rank": self.rank, "size": self.size,
-                "buckets": groups, "steps": self.engine.steps,
-                "communicator": to_torch_tree(state)}
+        saved = {"version": STATE_VERSION, "rank": self.rank, "size": self.size,
+                 "buckets": groups, "steps": self.engine.steps,
+                 "communicator": to_torch_tree(state)}
+        if self.powersgd is not None:
+            saved["powersgd"] = self.powersgd.state_dict(self._live)
+        return saved
 
     def load_state_dict(self, state):
         """Restore :meth:`state_dict` output saved by this rank.
@@ -301,6 +317,12 @@ class DDPHookState:
         if version != STATE_VERSION:
             raise ValueError(f"ccl DDP hook state version {version} is not supported (this "
                              f"is version {STATE_VERSION})")
+        if (self.powersgd is None) != ("powersgd" not in state):
+            raise ValueError("the state was saved by a hook "
+                             f"{'with' if 'powersgd' in state else 'without'} PowerSGD, this "
+                             f"one {'uses' if self.powersgd is not None else 'does not use'} it")
+        if self.powersgd is not None:
+            self.powersgd.check_state(state["powersgd"])
         self._wait()
         # every rank loads the same buckets, also where its residuals do not apply
         self._restored = groups or None
@@ -312,6 +334,9 @@ class DDPHookState:
             load_steps(self.engine.communicator, communicator)
         else:
             self.engine.communicator.load_state_dict(to_numpy_tree(communicator))
+        if self.powersgd is not None:
+            self.powersgd.load_state_dict(state["powersgd"], saved == (self.rank, self.size))
+            self._held |= set(state["powersgd"]["residuals"])
         self._held |= set(communicator["feedback"])
 
 
@@ -345,9 +370,11 @@ def ddp_comm_hook(codec, algorithm="auto", **options):
 
     Parameters
     ----------
-    codec : Codec, str, dict or None
+    codec : Codec, str, dict, PowerSGD or None
         How gradients are compressed (see :func:`ccl.codecs.get_codec`);
-        ``"none"`` or ``None`` sends them uncompressed.
+        ``"none"`` or ``None`` sends them uncompressed. ``"powersgd"``,
+        ``{"id": "powersgd", ...}`` or a :class:`~ccl.torch.PowerSGD` reduce
+        each bucket with PowerSGD (its ``P`` and ``Q`` with its inner codec).
     algorithm : {"auto", "ring", "tree", "direct", "allgather", "hierarchical"}
         Allreduce algorithm (see :func:`ccl.compressed_allreduce`).
     **options
@@ -392,9 +419,12 @@ def ddp_comm_hook(codec, algorithm="auto", **options):
         if unknown:
             raise TypeError(f"ddp_comm_hook() got unknown options {unknown}; it takes "
                             f"{', '.join(_OPTIONS)} (the op is always the mean)")
-        valid = Options.make(codec, "mean", algorithm, **options)
-        signature = (valid.codec.get_config(), algorithm, sorted(options.items()))
+        powersgd = powersgd_method(codec)
+        valid = Options.make(codec if powersgd is None else powersgd.inner, "mean", algorithm,
+                             **options)
+        signature = ((powersgd or valid.codec).get_config(), algorithm,
+                     sorted(options.items()))
     except (TypeError, ValueError) as exc:
         error = exc
     agree(runtime.comm, "ddp_comm_hook", [("arguments", signature)], error)
-    return DDPHookState(runtime, valid.codec, algorithm, options), ccl_comm_hook
+    return DDPHookState(runtime, valid.codec, algorithm, options, powersgd), ccl_comm_hook

@@ -288,9 +288,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
         optimizer updates (duplicates and unnamed ones are rejected) and fixes
         their order. Default: names from positions in ``param_groups``.
         Parameters with ``requires_grad=False`` are not reduced.
-    codec : Codec, str, dict or None
+    codec : Codec, str, dict, PowerSGD or None
         How gradients are compressed (see :func:`ccl.codecs.get_codec`);
         ``None`` sends them uncompressed (the MPI library's ``Allreduce``).
+        ``"powersgd"``, ``{"id": "powersgd", "rank": 2, "inner": "thc"}`` or
+        a :class:`~ccl.torch.PowerSGD` reduce them with PowerSGD instead
+        (low rank, error feedback; its ``P`` and ``Q`` travel with its inner
+        codec and ``algorithm``).
     algorithm : {"auto", "ring", "tree", "direct", "allgather"}
         Algorithm of compressed buckets (see :func:`ccl.compressed_allreduce`).
         ``"auto"`` compresses where it pays at the link speed, which it
@@ -309,7 +313,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
     min_compress_bytes : int
         Buckets smaller than this (default 65536, ``ccl.collectives.auto``'s
         threshold) are sent uncompressed: for them latency, not bandwidth,
-        costs.
+        costs. PowerSGD decides per matrix instead (its ``min_compression_rate``).
     lr_corrected : bool
         Learning-rate-corrected error feedback: a bucket's residuals are
         scaled by eta(t-1)/eta(t) when the ``lr`` of its first parameter's
@@ -352,6 +356,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
                      op, fusion_threshold_bytes, min_compress_bytes)
         if not isinstance(lr_corrected, bool):
             raise TypeError(f"lr_corrected must be True or False, got {lr_corrected!r}")
+        if lr_corrected and plan.powersgd is not None:
+            raise ValueError("lr_corrected applies to codecs' error feedback; PowerSGD's "
+                             "residuals are not lr-corrected: leave lr_corrected False")
         plan.lr_corrected = lr_corrected
     except (TypeError, ValueError) as exc:
         error = exc

@@ -24,6 +24,7 @@ from .buckets import work_dtype
 from .engine import Engine, Job, release
 from .functions import from_array, load_steps, to_array, to_numpy_tree, to_torch_tree
 from .hooks import BucketHooks
+from .powersgd import PowerSGDJob
 
 __all__ = ["Reducer", "STATE_VERSION"]
 
@@ -142,8 +143,13 @@ class Reducer(BucketHooks):
         return bucket
 
     def launch(self, bucket):
-        bucket.job = Job(to_array(bucket.flat), bucket.key, bucket.codec, bucket.algorithm,
-                         lr=self.lr_of(bucket))
+        if self.plan.powersgd is not None and bucket.key is not None:
+            shapes = [self.params[i].shape for i in bucket.members]
+            bucket.job = PowerSGDJob(self.plan.powersgd, bucket.flat, bucket.key, shapes,
+                                     self.engine.steps, self.plan.op)
+        else:
+            bucket.job = Job(to_array(bucket.flat), bucket.key, bucket.codec, bucket.algorithm,
+                             lr=self.lr_of(bucket))
         self.submit(bucket.job)
 
     def lr_of(self, bucket):
@@ -219,9 +225,12 @@ class Reducer(BucketHooks):
 
     # ----------------------------------------------------------------- state
     def state_dict(self):
-        return {"version": STATE_VERSION, "rank": self.rank, "size": self.size,
-                "buckets": self.layout_hash, "steps": self.engine.steps,
-                "communicator": to_torch_tree(self.engine.communicator.state_dict())}
+        state = {"version": STATE_VERSION, "rank": self.rank, "size": self.size,
+                 "buckets": self.layout_hash, "steps": self.engine.steps,
+                 "communicator": to_torch_tree(self.engine.communicator.state_dict())}
+        if self.plan.powersgd is not None:
+            state["powersgd"] = self.plan.powersgd.state_dict()
+        return state
 
     def check_state(self, state):
         """Validate a :meth:`state_dict`; return whether its residuals apply to this rank."""
@@ -242,6 +251,12 @@ class Reducer(BucketHooks):
         if codec != self.plan.codec.get_config():
             raise ValueError(f"the state was saved with codec {codec!r}, this optimizer uses "
                              f"{self.plan.codec.get_config()!r}")
+        if (self.plan.powersgd is None) != ("powersgd" not in state):
+            raise ValueError("the state was saved with codec "
+                             f"{'powersgd' if 'powersgd' in state else codec!r}, this "
+                             f"optimizer uses {self.plan.config()!r}")
+        if self.plan.powersgd is not None:
+            self.plan.powersgd.check_state(state["powersgd"])
         if (saved_rank, saved_size) != (self.rank, self.size):
             warnings.warn(f"error-feedback residuals saved by rank {saved_rank} of "
                           f"{saved_size} are not loaded on rank {self.rank} of {self.size} "
@@ -256,5 +271,7 @@ class Reducer(BucketHooks):
             self.engine.communicator.load_state_dict(to_numpy_tree(state["communicator"]))
         else:  # another rank's: the keys' steps (the same on every rank), zero residuals
             load_steps(self.engine.communicator, state["communicator"])
+        if self.plan.powersgd is not None:
+            self.plan.powersgd.load_state_dict(state["powersgd"], own)
         self.engine.steps = int(state.get("steps", self.engine.steps))
 
