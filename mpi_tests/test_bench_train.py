@@ -115,6 +115,9 @@ def test_target_and_time_to_accuracy():
     assert [r["vs_reference"] for r in rows] == [None, None, 1.0]
     train.add_target(rows, 0.99)  # nobody, PowerSGD included, reached it
     assert [r["vs_reference"] for r in rows] == [None, None, None]
+    train.add_target(rows, 0.1)  # reached before the first step: no ratio to take
+    assert [r["time_to_target_s"] for r in rows] == [0.0] * 3
+    assert [r["vs_reference"] for r in rows] == [None, None, None]
     lines = train.table([dict(r, median_step_s=0.1, bytes_per_step=1e6, bytes_source="counted")
                          for r in rows]).splitlines()
     assert lines[0].split()[:4] == ["method", "to", "target", "s"]

@@ -208,7 +208,7 @@ def add_target(rows, target):
     The time is the curve's clock at the first evaluation whose accuracy is at
     least ``target``: the measured step times of the slowest rank summed up to
     that step. ``vs_reference`` is that time over :data:`REFERENCE`'s (None
-    where either never reached the target).
+    where either never reached the target, or the reference had at step 0).
     """
     for r in rows:
         hit = next((c for c in r["curve"] if c[2] >= target), None)
@@ -216,7 +216,7 @@ def add_target(rows, target):
         r["time_to_target_s"] = None if hit is None else hit[1]
     ref = next((r["time_to_target_s"] for r in rows if r["method"] == REFERENCE), None)
     for r in rows:
-        r["vs_reference"] = (None if ref is None or r["time_to_target_s"] is None
+        r["vs_reference"] = (None if not ref or r["time_to_target_s"] is None
                              else r["time_to_target_s"] / ref)
 
 
