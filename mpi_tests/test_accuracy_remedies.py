@@ -25,10 +25,10 @@ def _drifts(comm, specs, algorithm):
 
 
 @pytest.mark.mpi
-def test_3lc_default_keeps_the_weights_near_exact_sgd(comm):
-    # s = 1 (the paper's smallest) holds back most of each gradient in the residual;
-    # the default s = 0.5 sends more of it now
-    default, paper = _drifts(comm, ["3lc", {"id": "3lc", "s": 1.0}], "direct")
-    # measured at 1, 2, 4 ranks: default 0.10-0.12, s = 1 0.23-0.30
-    assert default < 0.6 * paper
-    assert default < BOUND
+def test_3lc_below_one_keeps_the_weights_near_exact_sgd(comm):
+    # s = 1 (the paper's smallest, the default) holds back most of each gradient in the
+    # residual; s = 0.5, allowed since, sends more of it now
+    below, paper = _drifts(comm, [{"id": "3lc", "s": 0.5}, "3lc"], "direct")
+    # measured at 1, 2 and 4 ranks: s = 0.5 0.10-0.12, s = 1 0.23-0.30
+    assert below < 0.6 * paper
+    assert below < BOUND

@@ -104,7 +104,7 @@ def raw_payload(n, zre, M=1.0, L=None, zlen=None, layout=0, s=1.0):
 # ------------------------------------------------------------ configuration
 def test_registered_with_its_ids():
     codec = get_codec("3lc")
-    assert type(codec) is ThreeLCCodec and codec.wire_id == 4 and codec.s == 0.5
+    assert type(codec) is ThreeLCCodec and codec.wire_id == 4 and codec.s == 1.0
     assert not codec.homomorphic and codec.error_feedback
     assert get_codec({"id": "3lc", "s": 1.5}).get_config() == {"id": "3lc", "s": 1.5}
 

@@ -110,7 +110,7 @@ def run(comm, specs, algorithms, modes, steps, hidden, batch, lr, seed):
     import torch
 
     from .torch_digits import digits_shards, mlp
-    from .train import _batches
+    from .train import batches as seeded_batches
 
     x, y, _, _ = digits_shards(comm.rank, comm.size, seed)
     model = mlp(hidden, seed)
@@ -120,9 +120,9 @@ def run(comm, specs, algorithms, modes, steps, hidden, batch, lr, seed):
     variants = [Variant(comm, s, a, m, sizes) for s in specs for a in algorithms for m in modes]
     momentum = [np.zeros(n) for n in sizes]
     moved = [np.zeros(n) for n in sizes]
-    batches = _batches(len(x), batch, seed, comm.rank)
+    order = seeded_batches(len(x), batch, seed, comm.rank)
     for step in range(1, steps + 1):
-        index = next(batches)
+        index = next(order)
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x[index]), y[index]).backward()
         local = [p.grad.detach().numpy().ravel().copy() for p in params]

@@ -47,7 +47,7 @@ DEFAULT_TARGET = 0.95
 REFERENCE = "ddp/powersgd"
 
 
-def _batches(n, batch, seed, rank):
+def batches(n, batch, seed, rank):
     """Index tensors of ``batch`` samples: a seeded permutation of ``range(n)`` per epoch."""
     import torch
 
@@ -103,12 +103,12 @@ def train(comm, method, data, args, progress):
 
     x, y, x_test, y_test = data
     model, optimizer, sent = train_methods.build(method, args.hidden, args.seed, args.lr)
-    batches = _batches(len(x), args.batch, args.seed, comm.rank)
+    order = batches(len(x), args.batch, args.seed, comm.rank)
     curve = [(0, 0.0, _evaluate(comm, model, x_test, y_test))]
     times, losses, clock = [], [], 0.0
     progress.method(method, args.steps)
     for step in range(1, args.steps + 1):
-        index = next(batches)
+        index = next(order)
         comm.Barrier()
         t0 = time.perf_counter()
         optimizer.zero_grad()
