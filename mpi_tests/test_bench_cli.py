@@ -21,7 +21,7 @@ from conftest import ROOT, launch
 serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
                             reason="serial test: runs once, in the serial pass")
 
-SUBCOMMANDS = ("codecs", "accuracy", "gradients", "selection", "steady", "train", "lm",
+SUBCOMMANDS = ("codecs", "accuracy", "diagnose", "gradients", "selection", "steady", "train", "lm",
                "report", "cluster", "gpu")
 
 

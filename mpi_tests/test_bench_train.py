@@ -15,7 +15,7 @@ pytest.importorskip("sklearn")
 
 ROW_KEYS = {"method", "steps", "step_times", "losses", "curve", "train_seconds",
             "median_step_s", "final_accuracy", "bytes_per_step", "bytes_source",
-            "steps_to_target", "time_to_target_s"}
+            "steps_to_target", "time_to_target_s", "vs_reference"}
 STEPS, HIDDEN = 4, 16
 METHODS = ["ccl/none", "ddp/none", "local", "ccl/topk", "hook/onebit"]
 
@@ -43,9 +43,13 @@ def _run(comm, tmp_path, extra=()):
 def test_train_rows_and_identical_starts(comm, tmp_path):
     out = _run(comm, tmp_path)
     rows = {r["method"]: r for r in out["rows"]}
-    assert list(rows) == METHODS and out["ranks"] == comm.size
+    # torch's PowerSGD hook is always in the comparison, added when not asked for
+    assert list(rows) == METHODS + ["ddp/powersgd"] and out["ranks"] == comm.size
     assert out["parameters"] == 64 * 16 + 16 + 16 * 16 + 16 + 16 * 10 + 10
-    assert 0 < out["target"] <= 1 and out["target_source"].startswith("ddp/none at step")
+    target = min(0.95, rows["ddp/none"]["final_accuracy"])
+    assert out["target"] == target
+    assert out["target_source"] == ("default" if target == 0.95 else
+                                    "ddp/none's final accuracy (step 4), under 0.95")
     for r in rows.values():
         assert ROW_KEYS <= set(r) and r["steps"] == STEPS
         assert len(r["step_times"]) == len(r["losses"]) == STEPS
@@ -84,20 +88,39 @@ def test_train_rows_and_identical_starts(comm, tmp_path):
     assert hook["bytes_per_step"] == pytest.approx(ccl_none["bytes_per_step"])
 
 
-def test_target_from_ddp_none_or_given():
+def test_target_and_time_to_accuracy():
     from ccl.bench import train
 
+    # curves: (step, summed step times of the slowest rank, test accuracy)
     curve = [[0, 0.0, 0.1], [2, 1.0, 0.5], [4, 2.0, 0.9], [5, 2.5, 0.8]]
-    rows = [dict(method="local", steps=5, curve=[[0, 0.0, 0.1], [5, 0.5, 0.85]]),
-            dict(method="ddp/none", steps=5, curve=curve)]
-    # the first evaluation at or after 80 % of ddp/none's steps (step 4 of 5)
-    assert train.pick_target(rows) == (0.9, "ddp/none at step 4 of 5")
-    assert train.pick_target(rows, 0.8) == (0.8, "--target")
+    rows = [dict(method="local", steps=5, final_accuracy=0.85,
+                 curve=[[0, 0.0, 0.1], [5, 0.5, 0.85]]),
+            dict(method="ddp/none", steps=5, final_accuracy=0.8, curve=curve),
+            dict(method="ddp/powersgd", steps=5, final_accuracy=0.96,
+                 curve=[[0, 0.0, 0.1], [2, 0.4, 0.82], [5, 1.1, 0.96]])]
+    # ddp/none ended below 95 %: its final accuracy is the target
+    assert train.pick_target(rows) == (0.8, "ddp/none's final accuracy (step 5), under 0.95")
+    assert train.pick_target(rows, 0.7) == (0.7, "--target")
+    rows[1]["final_accuracy"] = 0.97
+    assert train.pick_target(rows) == (0.95, "default")
+    assert train.pick_target(rows[:1]) == (0.95, "default")
     train.add_target(rows, 0.8)
+    # the first evaluation at or above the target, not the last one
     assert (rows[0]["steps_to_target"], rows[0]["time_to_target_s"]) == (5, 0.5)
     assert (rows[1]["steps_to_target"], rows[1]["time_to_target_s"]) == (4, 2.0)
+    assert (rows[2]["steps_to_target"], rows[2]["time_to_target_s"]) == (2, 0.4)
+    assert [r["vs_reference"] for r in rows] == pytest.approx([1.25, 5.0, 1.0])
     train.add_target(rows, 0.95)
     assert rows[0]["steps_to_target"] is rows[1]["time_to_target_s"] is None
+    assert [r["vs_reference"] for r in rows] == [None, None, 1.0]
+    train.add_target(rows, 0.99)  # nobody, PowerSGD included, reached it
+    assert [r["vs_reference"] for r in rows] == [None, None, None]
+    train.add_target(rows, 0.1)  # reached before the first step: no ratio to take
+    assert [r["time_to_target_s"] for r in rows] == [0.0] * 3
+    assert [r["vs_reference"] for r in rows] == [None, None, None]
+    lines = train.table([dict(r, median_step_s=0.1, bytes_per_step=1e6, bytes_source="counted")
+                         for r in rows]).splitlines()
+    assert lines[0].split()[:4] == ["method", "to", "target", "s"]
 
 
 def test_methods_are_checked():

@@ -115,9 +115,9 @@ def test_config_roundtrip(s):
     assert type(get_codec("3lc", s=s).s) is float
 
 
-@pytest.mark.parametrize("s", [0.0, 0.999, 2.0, 2.5, -1.5, math.nan, math.inf, "1.5", True, None])
+@pytest.mark.parametrize("s", [0.0, -0.5, 2.0, 2.5, -1.5, math.nan, math.inf, "1.5", True, None])
 def test_s_outside_range_is_rejected(s):
-    with pytest.raises(ValueError, match="1 <= s < 2"):
+    with pytest.raises(ValueError, match="0 < s < 2"):
         get_codec("3lc", s=s)
 
 
@@ -153,11 +153,20 @@ def test_quartic_layout_is_five_contiguous_partitions_with_pad_digit_1():
 
 def test_payload_bytes_of_a_small_vector():
     x = np.array([1, 0, -1, 0, 1, -1, 1], np.float32) * np.float32(0.75)
-    payload = get_codec("3lc").encode(x)
+    codec = get_codec("3lc", s=1.0)  # the paper's multiplier: M = max|x|
+    payload = codec.encode(x)
     expected = struct.pack("<BfQQ", 0, 0.75, 2, 2) + bytes([187, 112])
     assert payload[HEADER_SIZE:].tobytes() == expected
     assert Header.unpack(payload).n == 7
-    np.testing.assert_array_equal(get_codec("3lc").decode(payload), x)
+    np.testing.assert_array_equal(codec.decode(payload), x)
+
+
+def test_s_below_one_clips_to_the_scale():
+    # s = 0.5: M = max|x| / 2, so the largest values are sent as +-M and the rest of
+    # them waits in the residual; the wire format is the same
+    x = np.array([1, 0.2, -0.3, 0.5, -1], np.float32)
+    y = get_codec("3lc", s=0.5).decode(get_codec("3lc", s=0.5).encode(x))
+    np.testing.assert_array_equal(y, np.array([0.5, 0, -0.5, 0.5, -0.5], np.float32))
 
 
 def test_quartic_decode_rejects_bad_digits():
@@ -247,7 +256,8 @@ def test_s_just_below_2_keeps_the_maximum():
 def test_ties_round_half_to_even():
     # M = 4: 2 is exactly M/2 and goes to 0; the next float32 up goes to 1
     x = np.array([4.0, 2.0, -2.0, np.nextafter(np.float32(2), np.float32(3)), 1.0], np.float32)
-    y = get_codec("3lc").decode(get_codec("3lc").encode(x))
+    codec = get_codec("3lc", s=1.0)
+    y = codec.decode(codec.encode(x))
     assert y.tolist() == [4.0, 0.0, 0.0, 4.0, 0.0]
 
 

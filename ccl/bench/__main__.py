@@ -6,6 +6,7 @@ COMMANDS = {
     "allreduce": "ccl.bench.allreduce",  # under mpiexec: codecs x algorithms vs MPI_Allreduce
     "codecs": "ccl.bench.codecs",        # no MPI needed: single-core encode/decode GB/s
     "accuracy": "ccl.bench.accuracy",    # under mpiexec: error of one call and of 100 steps
+    "diagnose": "ccl.bench.diagnose",    # under mpiexec: decoded vs exact average, real grads
     "gradients": "ccl.bench.gradients",  # no MPI: codecs on real torch gradients (digits MLP)
     "selection": "ccl.bench.selection",  # no MPI: top-k selection time vs np.argpartition
     "steady": "ccl.bench.steady",        # no MPI: error feedback on real gradients, then zeros
@@ -19,12 +20,13 @@ COMMANDS = {
     "gpu-train": "ccl.bench.gpu_train",  # under mpiexec: optimizer steps on CUDA tensors
     "calibrate": "ccl.bench.calibrate",  # no MPI: the cost model's codec inputs, one core
 }
-MPI_COMMANDS = ("allreduce", "accuracy", "train", "lm", "gpu-allreduce", "gpu-train")
+MPI_COMMANDS = ("allreduce", "accuracy", "diagnose", "train", "lm", "gpu-allreduce", "gpu-train")
 
 SUMMARY = {
     "allreduce": "(default) codecs x algorithms x sizes against MPI_Allreduce; under mpiexec",
     "codecs": "encode/decode throughput of every codec on one core; no MPI",
     "accuracy": "error of one call and of 100 steps with error feedback; under mpiexec",
+    "diagnose": "where accuracy goes: decoded vs exact average on real gradients; under mpiexec",
     "gradients": "codecs on real torch gradients (an MLP on digits); no MPI",
     "selection": "top-k selection time against numpy's argpartition; no MPI",
     "steady": "error feedback on real gradients, then on zeros; no MPI",

@@ -112,7 +112,7 @@ class THCCodec(Codec):
         """Expected payload bits per value: ``bits`` (lanes widen only past the first hop)."""
         return float(self.bits)
 
-    def __init__(self, bits=4, g=30, p=1 / 32, table="optimal", seed=42, block=1024):
+    def __init__(self, bits=4, g=15, p=1 / 32, table="optimal", seed=42, block=1024):
         if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) \
                 or bits not in (2, 3, 4):
             raise ValueError(f"THC bits must be the int 2, 3 or 4, got {bits!r}")
