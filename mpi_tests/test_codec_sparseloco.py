@@ -9,18 +9,31 @@ from mpi4py import MPI
 
 import ccl
 from ccl.codecs import HEADER_SIZE, CodecContext, get_codec
-from ccl.codecs import sparse
+from ccl.codecs import sparse, sparseloco
 from codec_checks import ODD_SIZES, check_config, check_header_edits, check_malformed, \
     check_random_bytes, check_roundtrip
 from conftest import assert_same_on_all_ranks, rank_input
 from lossy_checks import run_error_feedback
 
 CONFIGS = [{"id": "sparseloco"}, {"id": "sparseloco", "density": 0.01},
-           {"id": "sparseloco", "k": 5}, {"id": "sparseloco", "density": 0.5}]
+           {"id": "sparseloco", "k": 5}, {"id": "sparseloco", "density": 0.5},
+           {"id": "sparseloco", "density": 0.05, "block": 64}, {"id": "sparseloco", "k": 3,
+                                                               "block": 100}]
 
 
 def _levels(y):
     return np.unique(np.abs(y[y != 0]))
+
+
+def _topk_per_block(codec, x):
+    """What ``topk`` keeps of each block of ``x`` (the whole of it without a block), exactly."""
+    config = {"density": codec.density} if codec.k is None else {"k": codec.k}
+    block = codec.block or max(x.size, 1)
+    if codec.k is None and x.size > block:  # the count comes from the block length
+        config = {"k": max(1, int(np.ceil(codec.density * block)))}
+    top = get_codec("topk", **config)
+    return np.concatenate([top.decode(top.encode(x[i:i + block]))
+                           for i in range(0, x.size, block)] or [np.zeros(0, np.float32)])
 
 
 # ------------------------------------------------------------ configuration
@@ -34,14 +47,16 @@ def test_config_roundtrip(config):
 def test_id_and_defaults():
     codec = get_codec("sparseloco")
     assert codec.wire_id == 12
-    assert codec.get_config() == {"id": "sparseloco", "density": 0.02, "k": None}
-    assert get_codec("sparseloco", k=3).get_config() == {"id": "sparseloco", "density": None,
-                                                         "k": 3}
+    assert codec.get_config() == {"id": "sparseloco", "density": 0.02, "k": None,
+                                  "block": None}
+    assert get_codec("sparseloco", k=3, block=64).get_config() == {
+        "id": "sparseloco", "density": None, "k": 3, "block": 64}
     assert codec.bits_per_value < get_codec("topk", density=0.02).bits_per_value
 
 
 @pytest.mark.parametrize("params", [{"k": 0}, {"k": 2.5}, {"density": 0.0}, {"density": 1.5},
-                                    {"density": 0.1, "k": 4}, {"density": "0.1"}])
+                                    {"density": 0.1, "k": 4}, {"density": "0.1"}, {"block": 0},
+                                    {"block": 64.0}, {"block": True}])
 def test_bad_parameters_raise_value_error(params):
     with pytest.raises(ValueError):
         get_codec("sparseloco", **params)
@@ -58,10 +73,9 @@ def test_topk_support_and_two_levels_per_sign(config, n):
     """
     x = np.random.default_rng(n).laplace(size=n).astype(np.float32)
     codec = get_codec(config)
-    top = get_codec({**codec.get_config(), "id": "topk"})
     y = check_roundtrip(codec, x)
     assert y.dtype == np.float32
-    exact = top.decode(top.encode(x))
+    exact = _topk_per_block(codec, x)
     np.testing.assert_array_equal(y != 0, exact != 0)
     kept = exact[exact != 0]
     if n and codec.encode(x)[HEADER_SIZE] == sparse.ENC_DENSE:
@@ -75,6 +89,19 @@ def test_topk_support_and_two_levels_per_sign(config, n):
     assert set(_levels(y)) <= {low, high}
     np.testing.assert_array_equal(np.abs(y[exact != 0]),
                                   np.where(np.abs(kept) >= ordered[half], high, low))
+
+
+@pytest.mark.parametrize("n, block, k", [(1000, 64, 3), (1000, 100, 1), (4097, 4096, 82),
+                                         (300, 7, 7), (5000, 128, 200)])
+def test_block_selection_is_topk_of_every_block(n, block, k):
+    rng = np.random.default_rng(n + block)
+    x = rng.laplace(size=n).astype(np.float32)
+    x[10:40] = 0.0  # zeros are never kept
+    x[50:60] = 0.25  # ties go to the lower index
+    chosen = sparseloco.block_top_k(x, k, block, np)
+    expected = np.flatnonzero(_topk_per_block(get_codec("sparseloco", k=k, block=block), x))
+    np.testing.assert_array_equal(chosen, expected)
+    assert (np.diff(chosen) > 0).all()
 
 
 def test_payload_is_a_fraction_of_topk():

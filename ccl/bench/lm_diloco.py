@@ -39,13 +39,17 @@ def add_arguments(parser):
                         help="DiLoCo's error_decay (SparseLoCo's beta; 1: no decay)")
     parser.add_argument("--sparse-density", type=float, default=0.02,
                         help="density of diloco/topk, diloco/sidco and diloco/sparseloco")
+    parser.add_argument("--sparse-block", type=int, default=None,
+                        help="block of diloco/sparseloco's top-k (default: the whole chunk)")
 
 
 def codec_of(spec, args):
     """The codec of ``diloco/<spec>`` (None for ``none``)."""
     if spec == "none":
         return None
-    if spec in ("topk", "sidco", "sparseloco"):
+    if spec == "sparseloco":
+        return get_codec(spec, density=args.sparse_density, block=args.sparse_block)
+    if spec in ("topk", "sidco"):
         return get_codec(spec, density=args.sparse_density)
     return get_codec(spec)
 

@@ -22,11 +22,12 @@ layout.
 
 import numpy as np
 
+from .._xp import backend_of
 from ..errors import PayloadError
 from .registry import register_codec
-from .sparse import VALUES_2BIT, TopKCodec
+from .sparse import VALUES_2BIT, TopKCodec, check_int, target_count
 
-__all__ = ["SparseLoCoCodec", "pack_levels", "unpack_levels"]
+__all__ = ["SparseLoCoCodec", "pack_levels", "unpack_levels", "block_top_k"]
 
 _CODES_PER_WORD = 16
 _LEVELS_BYTES = 8  # two float32 levels
@@ -43,6 +44,50 @@ def levels_bytes(k):
 
 def _shifts(xp):
     return xp.arange(0, 2 * _CODES_PER_WORD, 2, dtype=np.uint32)
+
+
+def block_top_k(x, k, block, xp):
+    """Ascending indices of the exact top-``k`` magnitudes of each ``block`` of ``x``.
+
+    The last block may be shorter (it keeps ``min(k, its length)``). Ties go
+    to the lower index and exact zeros are never kept, as in
+    :func:`ccl.codecs.sparse.top_k`; the same array operations run on numpy
+    and cupy, so both choose the same indices.
+
+    Parameters
+    ----------
+    x : array
+        1-D float array (numpy or cupy).
+    k : int
+        Count per block, ``1 <= k``.
+    block : int
+        Block length, ``>= 1``.
+    xp : module
+        numpy or cupy, the module of ``x``.
+
+    Returns
+    -------
+    array of int64
+        The kept indices, ascending.
+
+    Examples
+    --------
+    >>> x = np.array([1, -5, 2, 2, 0, 0, 3, 1], np.float32)
+    >>> block_top_k(x, 2, 4, np).tolist()
+    [1, 2, 6, 7]
+    """
+    n = x.size
+    rows = -(-n // block)
+    mag = xp.zeros(rows * block, dtype=x.dtype)
+    mag[:n] = xp.abs(x)
+    mag = mag.reshape(rows, block)
+    k = min(k, block)
+    kth = xp.partition(mag, block - k, axis=1)[:, block - k:block - k + 1]
+    above = mag > kth
+    ties = mag == kth
+    quota = k - above.sum(axis=1, keepdims=True)
+    keep = (above | (ties & (xp.cumsum(ties, axis=1) <= quota))) & (mag > 0)
+    return xp.flatnonzero(keep.ravel()).astype(np.int64)
 
 
 def pack_levels(values, xp):
@@ -111,7 +156,13 @@ class SparseLoCoCodec(TopKCodec):
         ``k = max(1, ceil(density*n))``. The default when neither is given
         is 0.02 (SparseLoCo keeps 1-3 %).
     k : int, optional
-        Count per chunk (``>= 1``). Give exactly one of ``density`` and ``k``.
+        Count per chunk (``>= 1``), or per block with ``block``. Give exactly
+        one of ``density`` and ``k``.
+    block : int, optional
+        Select the top ``density`` (or ``k``) of each ``block`` consecutive
+        elements of a chunk instead of the chunk's (SparseLoCo's chunk-wise
+        top-k: every part of a flattened model keeps its share). None (the
+        default): the whole chunk is one block.
 
     Notes
     -----
@@ -136,10 +187,18 @@ class SparseLoCoCodec(TopKCodec):
     codec_id = "sparseloco"
     wire_id = 12
     value_format = VALUES_2BIT
-    encode_gbps, decode_gbps = 0.57, 10.31
+    # python -m ccl.bench codecs --codecs sparseloco --elements 16777216, on a loaded 2-core VM
+    encode_gbps, decode_gbps = 0.17, 0.82
 
-    def __init__(self, density=None, k=None):
+    def __init__(self, density=None, k=None, block=None):
         super().__init__(density=0.02 if density is None and k is None else density, k=k)
+        self.block = None if block is None else check_int(block, "block", 1)
+
+    def _select(self, x, ctx):
+        if self.block is None or x.size <= self.block:
+            return super()._select(x, ctx)
+        k = target_count(self.density, self.block) if self.k is None else self.k
+        return block_top_k(x, k, self.block, backend_of(x).xp)
 
     @property
     def bits_per_value(self):
