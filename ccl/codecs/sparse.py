@@ -170,8 +170,8 @@ class SparseCodec(Codec):
 
     Subclasses implement :meth:`_select`, returning ascending int64 indices.
     A subclass that sends its values otherwise than as float32 sets
-    ``value_format`` and overrides :meth:`value_bytes`, :meth:`pack_values`
-    and :meth:`unpack_values` (the device twin calls them too).
+    ``value_format`` and overrides :meth:`_value_bytes`, :meth:`_pack_values`
+    and :meth:`_unpack_values` (the device twin calls them too).
     """
 
     homomorphic = False
@@ -188,15 +188,15 @@ class SparseCodec(Codec):
     def _select(self, x, ctx):
         raise NotImplementedError
 
-    def value_bytes(self, k):
+    def _value_bytes(self, k):
         """Bytes of the values of ``k`` selected elements in a sparse body."""
         return 4 * k
 
-    def pack_values(self, values, xp):
+    def _pack_values(self, values, xp):
         """The value bytes (``uint8``, of ``xp``) of the float32 ``values`` of a sparse body."""
         return values.view(np.uint8)
 
-    def unpack_values(self, raw, k, xp):
+    def _unpack_values(self, raw, k, xp):
         """The ``k`` float32 values of the checked value bytes ``raw`` (an ``xp`` array)."""
         return _f32(raw) if xp is np else raw.view(np.float32)
 
@@ -211,7 +211,7 @@ class SparseCodec(Codec):
         if x.dtype != np.float32 and not np.isfinite(values).all():
             return np.empty(0, np.uint8), FLAG_OVERFLOW
         encoding, width, sparse_index_bytes = _layout(n, k, int(K.max_gap(idx)) if k else 0,
-                                                      self.value_bytes(k))
+                                                      self._value_bytes(k))
         if encoding == ENC_DENSE:
             body = np.empty(BODY_HEAD_SIZE + 4 * n, dtype=np.uint8)
             body[:BODY_HEAD_SIZE] = np.frombuffer(
@@ -223,7 +223,8 @@ class SparseCodec(Codec):
                 dense[:] = 0.0
                 dense[idx] = values
             return body, 0
-        body = np.empty(BODY_HEAD_SIZE + sparse_index_bytes + self.value_bytes(k), dtype=np.uint8)
+        body = np.empty(BODY_HEAD_SIZE + sparse_index_bytes + self._value_bytes(k),
+                        dtype=np.uint8)
         body[:BODY_HEAD_SIZE] = np.frombuffer(
             _BODY_HEAD.pack(encoding, self.value_format, 0, k, width), dtype=np.uint8)
         index_part = body[BODY_HEAD_SIZE:BODY_HEAD_SIZE + sparse_index_bytes].view(np.uint32)
@@ -231,7 +232,7 @@ class SparseCodec(Codec):
             index_part[:] = idx
         else:
             K.pack_gaps(idx, width, index_part)
-        body[BODY_HEAD_SIZE + sparse_index_bytes:] = self.pack_values(values, np)
+        body[BODY_HEAD_SIZE + sparse_index_bytes:] = self._pack_values(values, np)
         return body, 0
 
     def _parse(self, header, body, ctx):
@@ -257,7 +258,7 @@ class SparseCodec(Codec):
         if k > n:
             _reject(self, f"count {k} exceeds the {n} elements")
         # the smallest possible body bounds k before any size arithmetic
-        value_bytes = self.value_bytes(k)
+        value_bytes = self._value_bytes(k)
         if value_bytes > rest:
             _reject(self, f"count {k} does not fit a body of {rest} bytes")
         if encoding == ENC_ABSOLUTE:
@@ -290,7 +291,7 @@ class SparseCodec(Codec):
         if encoding == ENC_DENSE:
             return _f32(body[BODY_HEAD_SIZE:]).copy()
         words = _u32(body[BODY_HEAD_SIZE:BODY_HEAD_SIZE + index_bytes])
-        values = self.unpack_values(body[BODY_HEAD_SIZE + index_bytes:], k, np)
+        values = self._unpack_values(body[BODY_HEAD_SIZE + index_bytes:], k, np)
         out = np.zeros(n, dtype=np.float32)
         if encoding == ENC_ABSOLUTE:
             err = K.scatter_absolute(words, values, out)

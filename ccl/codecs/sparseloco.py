@@ -205,14 +205,14 @@ class SparseLoCoCodec(TopKCodec):
         """Expected payload bits per value: a 2-bit code and a 32-bit index per kept element."""
         return 34.0 * self.density if self.density is not None else 32.0
 
-    def value_bytes(self, k):
+    def _value_bytes(self, k):
         """Bytes of ``k`` kept values: two float32 levels and ``ceil(k/16)`` words of codes."""
         return levels_bytes(k)
 
-    def pack_values(self, values, xp):
+    def _pack_values(self, values, xp):
         """The 2-bit level bytes of the kept values (:func:`pack_levels`)."""
         return pack_levels(values, xp)
 
-    def unpack_values(self, raw, k, xp):
+    def _unpack_values(self, raw, k, xp):
         """The kept values of 2-bit level bytes (:func:`unpack_levels`)."""
         return unpack_levels(self, raw, k, xp)
