@@ -13,7 +13,8 @@ step on the global weights::
 
 The average is a keyed :meth:`ccl.Communicator.allreduce`: compressed with
 any codec, error feedback kept per fragment and bucket (SparseLoCo's top-k
-with error feedback, OpenDiLoCo's int8 and Streaming DiLoCo's 4-bit outer
+with 2-bit values, the ``sparseloco`` codec, with its decayed error feedback,
+``error_decay``; OpenDiLoCo's int8 and Streaming DiLoCo's 4-bit outer
 gradients are all one codec away). ccl's results are bitwise identical on
 every rank, and so are the global weights and the outer momentum after each
 outer step: every rank applies the same operations to the same numbers.
