@@ -93,10 +93,13 @@ class KeyState:
         if not lr:
             return
         if self.lr is not None and self.lr != lr:
-            factor = self.lr / lr
-            for point, (start, stop, res) in self.residuals.items():
-                self.residuals[point] = (start, stop, (res * factor).astype(res.dtype, copy=False))
+            self.scale(self.lr / lr)
         self.lr = lr
+
+    def scale(self, factor):
+        """Multiply every committed residual by ``factor`` (decayed or corrected feedback)."""
+        for point, (start, stop, res) in self.residuals.items():
+            self.residuals[point] = (start, stop, (res * factor).astype(res.dtype, copy=False))
 
     def held(self, n, dtype=np.float64, xp=np):
         """Sum of all residuals placed at their element ranges (length ``n``, module ``xp``)."""

@@ -209,11 +209,12 @@ def test_lm_diloco_rows(tmp_path):
     path = tmp_path / "lm.json"
     assert lm.main(["--steps", "6", "--eval-every", "3", "--val-windows", "8",
                     "--text-bytes", "40000", "--d-model", "16", "--methods", "adamw", "diloco",
-                    "--diloco-codecs", "none", "topk", "--sync-every", "3", "--overlap", "1",
-                    "--outer-momentum", "0.5", "--json", str(path)]) == 0
+                    "--diloco-codecs", "none", "topk", "sparseloco", "--sync-every", "3",
+                    "--overlap", "1", "--outer-momentum", "0.5", "--sparse-block", "512",
+                    "--error-decay", "0.9", "--json", str(path)]) == 0
     rows = {r["method"]: r for r in json.loads(path.read_text())["rows"]}
-    assert list(rows) == ["adamw", "diloco/none", "diloco/topk"]
-    for name in ("diloco/none", "diloco/topk"):
+    assert list(rows) == ["adamw", "diloco/none", "diloco/topk", "diloco/sparseloco"]
+    for name in ("diloco/none", "diloco/topk", "diloco/sparseloco"):
         curve = rows[name]["curve"]
         assert curve["step"] == [0, 3, 6]
         # evaluated on the global weights: the first outer step lands after step 4

@@ -18,6 +18,7 @@ from ccl.codecs import get_codec  # noqa: E402
 from ccl.collectives.auto import fitting  # noqa: E402
 from ccl.torch.diloco import split_fragments  # noqa: E402
 from conftest import assert_same_on_all_ranks  # noqa: E402
+from test_ddp_hook import process_group  # noqa: E402,F401 (a gloo group for DDP)
 
 pytestmark = pytest.mark.mpi
 
@@ -185,6 +186,35 @@ def test_residuals_conserve_the_pseudo_gradients(hvd, comm):
     assert np.abs(delivered - put_in).max() > 1e-2
 
 
+class RecordingSGD(torch.optim.SGD):
+    """SGD that keeps the weights its last step left (the local weights a sync sends from)."""
+
+    def step(self, closure=None):
+        out = super().step(closure)
+        self.after = flat(self.param_groups[0]["params"])
+        return out
+
+
+def test_error_decay_scales_the_residuals_before_each_sync(hvd, comm):
+    """SparseLoCo's feedback: the residual after a sync is p - C(p), p = beta * residual + delta."""
+    beta, codec = 0.8, get_codec("sparseloco", density=0.1)
+    model = make_model()
+    inner = RecordingSGD(model.parameters(), lr=0.1)
+    opt = ct.DiLoCo(model, inner, sync_every=2, outer_lr=1.0, outer_momentum=0.0, codec=codec,
+                    overlap=False, algorithm="allgather", error_decay=beta)
+    residual = np.zeros(global_flat(opt).size, np.float32)
+    for step in range(10):
+        before = global_flat(opt)
+        train(model, opt, hvd.rank(), 1, start=step)
+        if (step + 1) % 2 == 0:  # a sync: delta is this rank's global minus local weights
+            p = (beta * residual + (before - inner.after)).astype(np.float32)
+            held = opt.communicator.feedback.get("diloco.fragment0.bucket0").held(p.size)
+            np.testing.assert_allclose(held, p - codec.decode(codec.encode(p)), rtol=1e-5,
+                                       atol=1e-6)
+            assert np.abs(held).max() > 1e-3  # sparseloco held something back
+            residual = held.astype(np.float32)
+
+
 @pytest.mark.parametrize("H, F", [(6, 3), (4, 4), (5, 2)])
 def test_fragments_sync_every_parameter_once_per_period(hvd, H, F):
     model = torch.nn.Sequential(*[torch.nn.Linear(6, 6) for _ in range(3)],
@@ -296,6 +326,7 @@ BAD = [
     (dict(sync_every=4, nesterov=1), TypeError, "nesterov"),
     (dict(sync_every=4, codec="nope"), ValueError, "codec"),
     (dict(sync_every=4, algorithm="fastest"), ValueError, "algorithm"),
+    (dict(sync_every=4, error_decay=1.5), ValueError, "error_decay"),
 ]
 
 
@@ -310,6 +341,16 @@ def test_bad_arguments_raise_on_every_rank(hvd, kwargs, error, match):
     with pytest.raises(TypeError, match="float32 or float64"):
         half = torch.nn.Linear(2, 2).half()
         ct.DiLoCo(half, torch.optim.SGD(half.parameters(), lr=0.1), sync_every=4)
+
+
+def test_ddp_wrapped_model_is_refused_on_every_rank(hvd, process_group):
+    """DDP inside DiLoCo would average every step as well: a clear error, not a silent cost."""
+    ddp = torch.nn.parallel.DistributedDataParallel(make_model())
+    with pytest.raises(ValueError, match="DistributedDataParallel.*unwrapped model"):
+        ct.DiLoCo(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), sync_every=4)
+    wrapped = torch.nn.Sequential(ddp)  # a wrapper anywhere inside the model
+    with pytest.raises(ValueError, match="DistributedDataParallel"):
+        ct.DiLoCo(wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.1), sync_every=4)
 
 
 def test_bad_argument_on_one_rank_raises_everywhere(hvd):

@@ -43,14 +43,14 @@ TORCH_MODULES = ["ccl.torch.runtime", "ccl.torch.functions", "ccl.torch.buckets"
                  "ccl.torch.sync_batch_norm", "ccl.torch.horovod_env", "ccl.torch.timeline",
                  "ccl.torch.process_sets", "ccl.torch.basics", "ccl.torch.horovod_optimizer",
                  "ccl.torch.horovod_functions", "ccl.torch.tensor_ops", "ccl.torch.diloco",
-                 "ccl.torch.joins"]
+                 "ccl.torch.joins", "ccl.torch.diloco_plan"]
 DOCTEST_MODULES = [
     "ccl", "ccl.api", "ccl.errors", "ccl.feedback", "ccl.launch",
     "ccl.codecs.base", "ccl.codecs.configurable", "ccl.codecs.framing", "ccl.codecs.header",
     "ccl.codecs.context", "ccl.codecs.registry",
     "ccl.codecs.casts", "ccl.codecs.threelc", "ccl.codecs.thc",
     "ccl.codecs.sparse", "ccl.codecs.sidco", "ccl.codecs.randomk", "ccl.codecs.onebit", "ccl.codecs.dithering",
-    "ccl.collectives.auto", "ccl.trace", "ccl.run",
+    "ccl.codecs.sparseloco", "ccl.collectives.auto", "ccl.trace", "ccl.run",
 ] + TORCH_MODULES
 
 

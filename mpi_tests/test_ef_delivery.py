@@ -57,7 +57,10 @@ DELIVERING = {
     "thc": ({"id": "thc"}, 20),
 }
 # codec -> (config, zero steps at which the error is checked to shrink)
-PROGRESSING = {"onebit": ({"id": "onebit"}, (0, 4, 8, 16))}
+# (sparseloco rounds the kept values to two levels: a residual of zero inputs can
+# sit in a cycle for tens of steps before the last of it goes out)
+PROGRESSING = {"onebit": ({"id": "onebit"}, (0, 4, 8, 16)),
+               "sparseloco": ({"id": "sparseloco", "density": 0.25}, (0, 4, 8, 16))}
 
 
 def _gradient(rank, step, n):

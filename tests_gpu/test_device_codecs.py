@@ -34,6 +34,8 @@ SPECS = [
     ({"id": "dithering", "levels": 200, "partition": "natural", "norm": "l2"}, True),
     ({"id": "dithering", "levels": 1200, "partition": "natural"}, True),
     ({"id": "topk", "density": 0.1}, True), ({"id": "dgc", "density": 0.1}, True),
+    ({"id": "sparseloco", "density": 0.1}, True), ({"id": "sparseloco", "k": 3}, True),
+    ({"id": "sparseloco", "density": 0.1, "block": 64}, True),
     ({"id": "sidco", "density": 0.05}, False),
     ({"id": "sidco", "density": 0.05, "dist": "gamma", "stages": 2}, False),
 ]

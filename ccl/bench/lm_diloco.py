@@ -4,11 +4,12 @@ Each row trains the benchmark's model with :class:`ccl.torch.DiLoCo`: the
 same AdamW, learning rate and schedule as the other rows as the inner
 optimizer, an outer Nesterov step every ``--sync-every`` inner steps on the
 pseudo-gradient averaged with that codec (``none``: uncompressed, the exact
-DiLoCo to compare the codecs with; ``topk``: top-k at ``--sparse-density``
-with error feedback, SparseLoCo-style). Evaluations use the global weights
-(the outer model, as of each fragment's last outer step); the outer steps
-still in flight are applied after the last inner step, before the final
-evaluation. Compressed rows use the algorithm that fits the codec
+DiLoCo to compare the codecs with; ``sparseloco``: top-k at
+``--sparse-density`` with the kept values in 2 bits and error feedback,
+SparseLoCo's compressor; ``topk``: the same top-k with float32 values).
+Evaluations use the global weights (the outer model, as of each fragment's
+last outer step); the outer steps still in flight are applied after the last
+inner step, before the final evaluation. Compressed rows use the algorithm that fits the codec
 (:func:`ccl.collectives.auto.fitting`), ``none`` the ring.
 
 ``python -m ccl.bench.lm_summary lm.json`` compares the rows on the loss
@@ -20,7 +21,7 @@ from ccl.collectives.auto import fitting
 
 __all__ = ["DILOCO_CODECS", "add_arguments", "run_diloco"]
 
-DILOCO_CODECS = ("none", "thc", "topk")
+DILOCO_CODECS = ("none", "thc", "sparseloco")
 
 
 def add_arguments(parser):
@@ -34,14 +35,20 @@ def add_arguments(parser):
     parser.add_argument("--overlap", type=int, default=None,
                         help="delay of the outer steps in inner steps (default: DiLoCo's "
                              "overlap=True)")
+    parser.add_argument("--error-decay", type=float, default=1.0,
+                        help="DiLoCo's error_decay (SparseLoCo's beta; 1: no decay)")
     parser.add_argument("--sparse-density", type=float, default=0.02,
-                        help="density of diloco/topk and diloco/sidco")
+                        help="density of diloco/topk, diloco/sidco and diloco/sparseloco")
+    parser.add_argument("--sparse-block", type=int, default=None,
+                        help="block of diloco/sparseloco's top-k (default: the whole chunk)")
 
 
 def codec_of(spec, args):
     """The codec of ``diloco/<spec>`` (None for ``none``)."""
     if spec == "none":
         return None
+    if spec == "sparseloco":
+        return get_codec(spec, density=args.sparse_density, block=args.sparse_block)
     if spec in ("topk", "sidco"):
         return get_codec(spec, density=args.sparse_density)
     return get_codec(spec)
@@ -93,7 +100,8 @@ def run_diloco(comm, data, args, make_model, train):
                             fragments=args.fragments,
                             overlap=True if args.overlap is None else args.overlap,
                             algorithm="ring" if codec is None else fitting(codec),
-                            min_compress_bytes=args.min_compress_bytes)
+                            min_compress_bytes=args.min_compress_bytes,
+                            error_decay=args.error_decay)
             rows.append(train(comm, f"diloco/{spec}", GlobalEval(model, opt), Flushing(opt),
                               data, args, opt.communication_stats))
     finally:

@@ -15,6 +15,7 @@ from .onebit import OneBitCodec
 from .randomk import RandomKCodec
 from .sidco import SIDCoCodec
 from .sparse import DGCCodec, TopKCodec
+from .sparseloco import SparseLoCoCodec
 from .thc import THCCodec
 from .threelc import ThreeLCCodec
 
@@ -23,4 +24,5 @@ __all__ = [
     "get_codec", "register_codec", "registered_codecs",
     "NoneCodec", "FP16Codec", "BF16Codec", "ThreeLCCodec", "THCCodec",
     "SIDCoCodec", "TopKCodec", "DGCCodec", "OneBitCodec", "RandomKCodec", "DitheringCodec",
+    "SparseLoCoCodec",
 ]

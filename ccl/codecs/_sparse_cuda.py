@@ -2,7 +2,9 @@
 
 The codecs' own ``_select`` chooses the indices on the device (with
 :mod:`._sparse_device`); this twin writes and reads the wire format:
-indices as u32 words or bit-packed gaps, and float32 values.
+indices as u32 words or bit-packed gaps, and the values as the codec packs
+them (``_pack_values`` and ``_unpack_values`` on cupy arrays: float32, or
+``sparseloco``'s 2-bit levels).
 """
 
 import numpy as np
@@ -63,7 +65,7 @@ def check_absolute(idx, n, first_error):
 
 
 class SparseTwin(DeviceTwin):
-    """``topk``, ``dgc`` and ``sidco`` on the device (a subclass's ``_select`` is used)."""
+    """The sparse codecs on the device (a subclass's ``_select`` and value packing are used)."""
 
     replaces = DeviceTwin.replaces + ("_body",)
 
@@ -81,21 +83,21 @@ class SparseTwin(DeviceTwin):
         if k:
             gaps = xp.diff(idx, prepend=-1) - 1
             max_gap = int(gaps.max())
-        encoding, width, index_bytes = _layout(n, k, max_gap)
+        encoding, width, index_bytes = _layout(n, k, max_gap, codec._value_bytes(k))
         head = BODY_HEAD_SIZE
         if encoding == ENC_DENSE:
             body = xp.zeros(head + 4 * n, dtype=np.uint8)
             put(be, body[:head], _BODY_HEAD.pack(ENC_DENSE, VALUES_F32, 0, n, 0))
             body[head:].view(np.float32)[idx] = values
             return body, 0
-        body = xp.empty(head + index_bytes + 4 * k, dtype=np.uint8)
-        put(be, body[:head], _BODY_HEAD.pack(encoding, VALUES_F32, 0, k, width))
+        body = xp.empty(head + index_bytes + codec._value_bytes(k), dtype=np.uint8)
+        put(be, body[:head], _BODY_HEAD.pack(encoding, codec.value_format, 0, k, width))
         words = body[head:head + index_bytes].view(np.uint32)
         if encoding == ENC_ABSOLUTE:
             words[:] = idx.astype(np.uint32)
         else:
             launch(be, pack_gaps, words.size, idx, width, words)
-        body[head + index_bytes:].view(np.float32)[:] = values
+        body[head + index_bytes:] = codec._pack_values(values, xp)
         return body, 0
 
     @staticmethod
@@ -107,7 +109,7 @@ class SparseTwin(DeviceTwin):
         if encoding == ENC_DENSE:
             return body[head:].view(np.float32).copy()
         words = body[head:head + index_bytes].view(np.uint32)
-        values = body[head + index_bytes:].view(np.float32)
+        values = codec._unpack_values(body[head + index_bytes:], k, xp)
         out = xp.zeros(n, dtype=np.float32)
         if encoding == ENC_ABSOLUTE:
             first = xp.full(1, 4 * k + 4, dtype=np.int64)

@@ -21,12 +21,13 @@ Body layout (after the 32-byte header, little-endian; see
 ``docs/codecs/sparse.md``)::
 
     u8  index encoding   0 = u32 absolute, 1 = bit-packed gaps, 2 = dense f32
-    u8  value format     0 = f32
+    u8  value format     0 = f32, 1 = 2-bit levels (``sparseloco``)
     u16 reserved         0
     u64 count            k (n for the dense encoding)
     u32 width            bits per index: 32 (absolute), 0..32 (gaps), 0 (dense)
     indices              4*k bytes, or 4*ceil(k*w/32) bytes of packed gaps, or none
-    values               4*k bytes of f32
+    values               4*k bytes of f32, or (2-bit levels) two f32 levels and
+                         4*ceil(k/16) bytes of 2-bit codes
 """
 
 import math
@@ -48,7 +49,7 @@ __all__ = ["TopKCodec", "DGCCodec", "SparseCodec", "target_count", "top_k", "top
 _BODY_HEAD = struct.Struct("<BBHQI")
 BODY_HEAD_SIZE = _BODY_HEAD.size  # 16
 ENC_ABSOLUTE, ENC_GAPS, ENC_DENSE = 0, 1, 2
-VALUES_F32 = 0
+VALUES_F32, VALUES_2BIT = 0, 1
 
 # Below this many elements a fit is noise and exact top-k is cheap.
 TINY = 1024
@@ -138,11 +139,12 @@ def top_k_of(x, idx, k):
     return idx[top_k(x[idx], k)]
 
 
-def _layout(n, k, max_gap):
+def _layout(n, k, max_gap, value_bytes=None):
     """``(encoding, width, index bytes)`` of k indices of n elements whose largest gap is given.
 
     Bit-packed gaps unless absolute u32 indices are no larger; dense when the
-    indices and values would not be smaller than the dense array.
+    indices and values (``value_bytes``, default ``4*k``) would not be smaller
+    than the dense array.
     """
     width = int(max(max_gap, 0)).bit_length() if k else 0
     gap_words = (k * width + 31) // 32
@@ -152,7 +154,8 @@ def _layout(n, k, max_gap):
         encoding = ENC_DENSE
     elif gap_words >= k and n <= 1 << 32:
         encoding, width, sparse_index_bytes = ENC_ABSOLUTE, 32, 4 * k
-    if encoding == ENC_DENSE or sparse_index_bytes + 4 * k >= 4 * n:
+    value_bytes = 4 * k if value_bytes is None else value_bytes
+    if encoding == ENC_DENSE or sparse_index_bytes + value_bytes >= 4 * n:
         return ENC_DENSE, 0, 0
     return encoding, width, sparse_index_bytes
 
@@ -166,12 +169,16 @@ class SparseCodec(Codec):
     """Wire format and decoding shared by the sparsifying codecs.
 
     Subclasses implement :meth:`_select`, returning ascending int64 indices.
+    A subclass that sends its values otherwise than as float32 sets
+    ``value_format`` and overrides :meth:`_value_bytes`, :meth:`_pack_values`
+    and :meth:`_unpack_values` (the device twin calls them too).
     """
 
     homomorphic = False
     error_feedback = True
     sparse = True
     device_twin = "ccl.codecs._sparse_cuda:SparseTwin"  # see ccl.codecs.device
+    value_format = VALUES_F32
 
     @property
     def bits_per_value(self):
@@ -180,6 +187,18 @@ class SparseCodec(Codec):
 
     def _select(self, x, ctx):
         raise NotImplementedError
+
+    def _value_bytes(self, k):
+        """Bytes of the values of ``k`` selected elements in a sparse body."""
+        return 4 * k
+
+    def _pack_values(self, values, xp):
+        """The value bytes (``uint8``, of ``xp``) of the float32 ``values`` of a sparse body."""
+        return values.view(np.uint8)
+
+    def _unpack_values(self, raw, k, xp):
+        """The ``k`` float32 values of the checked value bytes ``raw`` (an ``xp`` array)."""
+        return _f32(raw) if xp is np else raw.view(np.float32)
 
     def _encode(self, x, ctx):
         idx = self._select(x, ctx) if x.size else np.empty(0, dtype=np.int64)
@@ -191,7 +210,8 @@ class SparseCodec(Codec):
             values = x[idx].astype(np.float32) if k < n else x.astype(np.float32)
         if x.dtype != np.float32 and not np.isfinite(values).all():
             return np.empty(0, np.uint8), FLAG_OVERFLOW
-        encoding, width, sparse_index_bytes = _layout(n, k, int(K.max_gap(idx)) if k else 0)
+        encoding, width, sparse_index_bytes = _layout(n, k, int(K.max_gap(idx)) if k else 0,
+                                                      self._value_bytes(k))
         if encoding == ENC_DENSE:
             body = np.empty(BODY_HEAD_SIZE + 4 * n, dtype=np.uint8)
             body[:BODY_HEAD_SIZE] = np.frombuffer(
@@ -203,15 +223,16 @@ class SparseCodec(Codec):
                 dense[:] = 0.0
                 dense[idx] = values
             return body, 0
-        body = np.empty(BODY_HEAD_SIZE + sparse_index_bytes + 4 * k, dtype=np.uint8)
+        body = np.empty(BODY_HEAD_SIZE + sparse_index_bytes + self._value_bytes(k),
+                        dtype=np.uint8)
         body[:BODY_HEAD_SIZE] = np.frombuffer(
-            _BODY_HEAD.pack(encoding, VALUES_F32, 0, k, width), dtype=np.uint8)
+            _BODY_HEAD.pack(encoding, self.value_format, 0, k, width), dtype=np.uint8)
         index_part = body[BODY_HEAD_SIZE:BODY_HEAD_SIZE + sparse_index_bytes].view(np.uint32)
         if encoding == ENC_ABSOLUTE:
             index_part[:] = idx
         else:
             K.pack_gaps(idx, width, index_part)
-        body[BODY_HEAD_SIZE + sparse_index_bytes:].view(np.float32)[:] = values
+        body[BODY_HEAD_SIZE + sparse_index_bytes:] = self._pack_values(values, np)
         return body, 0
 
     def _parse(self, header, body, ctx):
@@ -222,8 +243,8 @@ class SparseCodec(Codec):
                           f"{BODY_HEAD_SIZE}-byte head")
         encoding, value_format, reserved, k, width = _BODY_HEAD.unpack(
             body[:BODY_HEAD_SIZE].tobytes())
-        if value_format != VALUES_F32:
-            _reject(self, f"unknown value format {value_format}")
+        if value_format != (VALUES_F32 if encoding == ENC_DENSE else self.value_format):
+            _reject(self, f"value format {value_format} is not this codec's")
         if reserved:
             _reject(self, "reserved body field is not zero")
         rest = body.size - BODY_HEAD_SIZE
@@ -237,7 +258,8 @@ class SparseCodec(Codec):
         if k > n:
             _reject(self, f"count {k} exceeds the {n} elements")
         # the smallest possible body bounds k before any size arithmetic
-        if k > rest // 4:
+        value_bytes = self._value_bytes(k)
+        if value_bytes > rest:
             _reject(self, f"count {k} does not fit a body of {rest} bytes")
         if encoding == ENC_ABSOLUTE:
             if width != 32:
@@ -247,9 +269,9 @@ class SparseCodec(Codec):
             if width > 32:
                 _reject(self, f"gap width {width} exceeds 32 bits")
             index_bytes = 4 * ((k * width + 31) // 32)
-        if rest != index_bytes + 4 * k:
+        if rest != index_bytes + value_bytes:
             _reject(self, f"body of {rest} bytes does not match {k} indices "
-                          f"({index_bytes} bytes) and {k} values")
+                          f"({index_bytes} bytes) and {k} values ({value_bytes} bytes)")
         if ctx.n is None and n > MAX_UNCHECKED_ELEMENTS:
             _reject(self, f"payload claims {n} elements; pass CodecContext(n=...) to decode "
                           "payloads this large")
@@ -269,7 +291,7 @@ class SparseCodec(Codec):
         if encoding == ENC_DENSE:
             return _f32(body[BODY_HEAD_SIZE:]).copy()
         words = _u32(body[BODY_HEAD_SIZE:BODY_HEAD_SIZE + index_bytes])
-        values = _f32(body[BODY_HEAD_SIZE + index_bytes:])
+        values = self._unpack_values(body[BODY_HEAD_SIZE + index_bytes:], k, np)
         out = np.zeros(n, dtype=np.float32)
         if encoding == ENC_ABSOLUTE:
             err = K.scatter_absolute(words, values, out)

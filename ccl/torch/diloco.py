@@ -13,7 +13,8 @@ step on the global weights::
 
 The average is a keyed :meth:`ccl.Communicator.allreduce`: compressed with
 any codec, error feedback kept per fragment and bucket (SparseLoCo's top-k
-with error feedback, OpenDiLoCo's int8 and Streaming DiLoCo's 4-bit outer
+with 2-bit values, the ``sparseloco`` codec, with its decayed error feedback,
+``error_decay``; OpenDiLoCo's int8 and Streaming DiLoCo's 4-bit outer
 gradients are all one codec away). ccl's results are bitwise identical on
 every rank, and so are the global weights and the outer momentum after each
 outer step: every rank applies the same operations to the same numbers.
@@ -44,60 +45,14 @@ from ..agreement import agree
 from ..codecs import get_codec
 from ..collectives import ALGORITHM_NAMES
 from .buckets import plan_buckets
+from .diloco_plan import check_integer, check_number, check_replica, split_fragments, trainable
 from .engine import Engine, Job, release
 from .functions import broadcast_parameters, from_array, to_array, to_numpy_tree, to_torch_tree
 from .runtime import current
 
-__all__ = ["DiLoCo"]
+__all__ = ["DiLoCo", "split_fragments"]
 
 _STATE_VERSION = 1
-_DTYPES = (torch.float32, torch.float64)
-
-
-def _number(name, value, low, high=float("inf")):
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and low <= value <= high and value != float("inf")):
-        raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
-
-
-def _integer(name, value, low):
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-
-
-def split_fragments(sizes, fragments):
-    """Cut parameters (in order) into ``fragments`` consecutive groups of about equal size.
-
-    Parameters
-    ----------
-    sizes : sequence of int
-        Element counts of the parameters, in order.
-    fragments : int
-        Number of groups, at most ``len(sizes)``.
-
-    Returns
-    -------
-    list of list of int
-        Indices into ``sizes``: every index exactly once, no group empty.
-
-    Examples
-    --------
-    >>> split_fragments([10, 10, 10, 10], 2)
-    [[0, 1], [2, 3]]
-    >>> split_fragments([100, 1, 1, 1], 2)
-    [[0], [1, 2, 3]]
-    """
-    total, groups, done, last = sum(sizes), [[] for _ in range(fragments)], 0, -1
-    for i, n in enumerate(sizes):
-        # the group of the parameter's midpoint, but no group skipped (none stays empty)
-        # and enough parameters left for the groups after this one
-        f = (2 * done + n) * fragments // max(2 * total, 1)
-        f = max(min(f, last + 1, fragments - 1), last, fragments - (len(sizes) - i), 0)
-        groups[f].append(i)
-        done, last = done + n, f
-    return groups
-
-
 class _Sync:
     """One fragment's outer synchronisation in flight: started at ``start``, due at ``due``."""
 
@@ -122,7 +77,8 @@ class DiLoCo:
     ----------
     model : torch.nn.Module
         The replica of this rank. Its trainable parameters are broadcast from
-        rank 0 here, so every rank starts from the same global weights.
+        rank 0 here, so every rank starts from the same global weights. Not
+        wrapped in DDP or FSDP (refused: :func:`ccl.torch.diloco_plan.check_replica`).
     inner_optimizer : torch.optim.Optimizer
         Any optimizer over (some of) the model's parameters, e.g. AdamW;
         learning-rate schedulers act on it as usual.
@@ -158,6 +114,10 @@ class DiLoCo:
     fusion_threshold_bytes : int
         Each fragment's pseudo-gradient is reduced in buckets of one dtype of
         at most this many bytes (default 64 MiB), one keyed allreduce each.
+    error_decay : float
+        beta in [0, 1]: before each sync the error-feedback residuals of the
+        fragment are multiplied by it (SparseLoCo's ``e = beta e + delta``);
+        1 (the default) keeps them whole, so nothing is lost.
 
     Raises
     ------
@@ -186,14 +146,16 @@ class DiLoCo:
     def __init__(self, model, inner_optimizer, *, sync_every, outer_lr=0.7, outer_momentum=0.9,
                  nesterov=True, codec="thc", fragments=1, overlap=True, named_parameters=None,
                  algorithm="auto", min_compress_bytes=0,
-                 fusion_threshold_bytes=64 * 1024 * 1024):
+                 fusion_threshold_bytes=64 * 1024 * 1024, error_decay=1.0):
         runtime = current()
         error, signature = None, None
         try:
+            check_number("error_decay", error_decay, 0.0, 1.0)
+            self.error_decay = error_decay
             signature = self._plan(model, inner_optimizer, sync_every, outer_lr,
                                    outer_momentum, nesterov, codec, fragments, overlap,
                                    named_parameters, algorithm, min_compress_bytes,
-                                   fusion_threshold_bytes)
+                                   fusion_threshold_bytes) + (repr(error_decay),)
         except (TypeError, ValueError) as exc:
             error = exc
         agree(runtime.comm, "DiLoCo", [("arguments", signature)], error)
@@ -211,14 +173,13 @@ class DiLoCo:
     def _plan(self, model, inner, sync_every, outer_lr, outer_momentum, nesterov, codec,
               fragments, overlap, named_parameters, algorithm, min_compress, threshold):
         """Validate the arguments, fix parameters, fragments and buckets; return the signature."""
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        check_replica(model)
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"inner_optimizer must be a torch.optim.Optimizer, got "
                             f"{type(inner).__name__}")
-        _integer("sync_every", sync_every, 1)
-        _number("outer_lr", outer_lr, 0.0)
-        _number("outer_momentum", outer_momentum, 0.0, 1.0)
+        check_integer("sync_every", sync_every, 1)
+        check_number("outer_lr", outer_lr, 0.0)
+        check_number("outer_momentum", outer_momentum, 0.0, 1.0)
         if outer_momentum == 1:
             raise ValueError("outer_momentum must be < 1, got 1")
         if not isinstance(nesterov, bool):
@@ -226,31 +187,18 @@ class DiLoCo:
         if algorithm not in ALGORITHM_NAMES:
             raise ValueError(f"algorithm must be one of {', '.join(ALGORITHM_NAMES)}; "
                              f"got {algorithm!r}")
-        _integer("min_compress_bytes", min_compress, 0)
-        _integer("fusion_threshold_bytes", threshold, 0)
+        check_integer("min_compress_bytes", min_compress, 0)
+        check_integer("fusion_threshold_bytes", threshold, 0)
         self.codec = get_codec(codec)
-        if named_parameters is None:
-            named_parameters = model.named_parameters()
-        named = list(named_parameters.items() if isinstance(named_parameters, dict)
-                     else named_parameters)
-        named = [(n, p) for n, p in named if p.requires_grad]
-        if len({id(p) for _, p in named}) != len(named) or len(dict(named)) != len(named):
-            raise ValueError("named_parameters must name each parameter once, under unique "
-                             "names (pass model.named_parameters())")
-        if not named:
-            raise ValueError("the model has no trainable parameters to synchronise")
-        for name, p in named:
-            if p.dtype not in _DTYPES or p.layout != torch.strided:
-                raise TypeError(f"parameter {name!r} is a {p.dtype} {p.layout} tensor; "
-                                "DiLoCo synchronises dense float32 or float64 parameters")
-        _integer("fragments", fragments, 1)
+        named = trainable(model, named_parameters)
+        check_integer("fragments", fragments, 1)
         if fragments > min(sync_every, len(named)):
             raise ValueError(f"fragments must be at most sync_every ({sync_every}) and the "
                              f"number of parameters ({len(named)}); got {fragments}")
         if isinstance(overlap, bool):
             delay = max(1, sync_every // (2 * fragments)) if overlap else 0
         else:
-            _integer("overlap", overlap, 0)
+            check_integer("overlap", overlap, 0)
             delay = overlap
         if delay >= sync_every:
             raise ValueError(f"overlap (a delay of {delay} inner steps) must be less than "
@@ -328,7 +276,11 @@ class DiLoCo:
         for b, members in enumerate(self.fragments[f]):
             sent = torch.cat([(self.globals[i] - self.params[i]).reshape(-1)
                               for i in members])
-            job = Job(to_array(sent), f"diloco.fragment{f}.bucket{b}")
+            key = f"diloco.fragment{f}.bucket{b}"
+            state = self.communicator.feedback.get(key)
+            if state is not None and self.error_decay != 1:
+                state.scale(self.error_decay)  # its last allreduce was applied: nothing in flight
+            job = Job(to_array(sent), key)
             self.engine.submit(job)
             buckets.append((members, sent, job))
         self.pending.append(_Sync(f, self.steps, self.steps + self.delay, buckets))
