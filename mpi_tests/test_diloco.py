@@ -18,7 +18,6 @@ from ccl.codecs import get_codec  # noqa: E402
 from ccl.collectives.auto import fitting  # noqa: E402
 from ccl.torch.diloco import split_fragments  # noqa: E402
 from conftest import assert_same_on_all_ranks  # noqa: E402
-from test_ddp_hook import process_group  # noqa: E402,F401 (a gloo group for DDP)
 
 pytestmark = pytest.mark.mpi
 

@@ -20,7 +20,7 @@ from ccl.bench.torch_digits import accuracy, digits_shards, mlp  # noqa: E402
 from ccl.codecs import get_codec, registered_codecs  # noqa: E402
 from ccl.torch.powersgd import PowerSGD  # noqa: E402
 from conftest import assert_same_on_all_ranks  # noqa: E402
-from test_ddp_hook import ddp, make_model, process_group  # noqa: E402,F401
+from test_ddp_hook import ddp, make_model  # noqa: E402,F401
 from test_ddp_hook import train as train_ddp  # noqa: E402
 from test_compressed_adam_digits import batches  # noqa: E402
 from test_torch import Net, flat_params, train  # noqa: E402
