@@ -33,7 +33,8 @@ def test_horovod_rows_train_and_send_what_their_compression_sends(comm, tmp_path
     with open(path) as f:
         rows = {r["method"]: r for r in json.load(f)["rows"]}
     comm.Barrier()
-    assert list(rows) == METHODS
+    # torch's PowerSGD hook always joins the comparison (the time-to-target reference)
+    assert list(rows) == METHODS + ["ddp/powersgd"]
     ddp, fp16, threelc = rows["ddp/fp16"], rows["hvd/fp16"], rows["hvd/3lc"]
     # the same initial weights (broadcast from rank 0 as Horovod does) and batches
     assert fp16["losses"][0] == threelc["losses"][0] == pytest.approx(ddp["losses"][0])
