@@ -106,6 +106,19 @@ def with_adasum_step(optimizer, compression):
     -------
     torch.optim.Optimizer
         The same object.
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as hvd
+    >>> hvd.init()
+    >>> model = torch.nn.Linear(2, 1)
+    >>> opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+    ...                                named_parameters=model.named_parameters(),
+    ...                                op=hvd.Adasum)
+    >>> model(torch.ones(1, 2)).sum().backward()
+    >>> _ = opt.step()
+    >>> model.bias.grad.tolist()
+    [1.0]
     """
     base = type(optimizer)
     cls = _CLASSES.get(base)
