@@ -64,7 +64,7 @@ def test_allreduce_every_op_and_dtype(hvd, dtype, op):
     assert torch.equal(x, before)  # the input is not modified
     expected = reference(size, shape, dtype, op)
     if not dtype.is_floating_point:
-        expected = expected.trunc()  # integers average by truncation, as Horovod's scaling
+        expected = expected.floor()  # integers average rounding down (Horovod's tests)
     if dtype.is_floating_point and op == hvd.Average:  # x * (1/p) rounds in the dtype
         torch.testing.assert_close(out, expected.to(dtype))
     else:  # sums, products, extrema of small integers are exact in every dtype
@@ -365,3 +365,15 @@ def test_not_initialised_raises():
     with pytest.raises(RuntimeError, match="init"):
         ct.allreduce(torch.ones(1))
     assert not ct.mpi_enabled()
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64])
+def test_integer_average_rounds_toward_minus_infinity(hvd, dtype):
+    """As the reference of Horovod's own test suite (``torch.floor_divide`` of the sum)."""
+    size, rank = hvd.size(), hvd.rank()
+    values = [-7, 7, -1, 5, -size, 0]
+    x = torch.tensor(values if rank == 0 else [0] * len(values), dtype=dtype)
+    want = torch.tensor([v // size for v in values], dtype=dtype)
+    assert torch.equal(hvd.allreduce(x, op=hvd.Average), want)
+    rows = hvd.reducescatter(x.repeat(size, 1), op=hvd.Average)
+    assert torch.equal(rows, want.repeat(1, 1))

@@ -149,7 +149,7 @@ def test_compressed_training_is_close_and_compressed(hvd, comm, compression):
 
 
 @pytest.mark.parametrize("kwargs, error", [
-    ({"op": ct.Max}, ValueError), ({"op": ct.Adasum}, NotImplementedError),
+    ({"op": ct.Max}, ValueError), ({"op": ct.Adasum, "compression": "3lc"}, ValueError),
     ({"compression": type("Custom", (), {"compress": staticmethod(lambda t: (t, None)),
                                          "decompress": staticmethod(lambda t, c: t)})},
      TypeError),

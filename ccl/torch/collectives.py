@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from . import tensor_ops
-from .adasum import check_size
 from .compression import resolve_codec
 from .handles import submit
 from .process_sets import global_process_set
@@ -60,7 +59,7 @@ def capture_error(check):
     return None
 
 
-def _reduce_checks(tensors, op, codec, what, size):
+def _reduce_checks(tensors, op, codec, what):
     for t in tensors:
         check_tensor(t, what, DTYPES)
     if op == Adasum:
@@ -68,7 +67,6 @@ def _reduce_checks(tensors, op, codec, what, size):
             raise ValueError("op=hvd.Adasum does not take a ccl codec as compression=")
         if not all(t.dtype.is_floating_point for t in tensors):
             raise TypeError("op=hvd.Adasum reduces floating-point tensors only")
-        check_size(size)
     if codec is not None:
         if op not in (Sum, Average):
             raise ValueError("a ccl codec as compression= reduces with hvd.Sum or hvd.Average")
@@ -268,7 +266,7 @@ def _allreduce_any(tensors, average, name, op, prescale, postscale, process_set,
         resolved = resolve_op(op, average)
         if compression is not None:
             codec, _ = resolve_codec(compression)
-        _reduce_checks(tensors, resolved, codec, kind, process_set.size())
+        _reduce_checks(tensors, resolved, codec, kind)
 
     error = capture_error(check)
     return _allreduce_handle(kind, tensors, name, resolved, prescale, postscale, process_set,
@@ -363,7 +361,7 @@ def _reducescatter_any(tensors, name, compression, op, process_set, prescale, po
         resolve_op(op, allowed=(Average, Sum, Min, Max, Product))
         if compression is not None:
             codec, _ = resolve_codec(compression)
-        _reduce_checks(tensors, op, codec, kind, process_set.size())
+        _reduce_checks(tensors, op, codec, kind)
         if any(t.dim() == 0 for t in tensors):
             raise ValueError(f"{kind} takes tensors of at least one dimension")
 

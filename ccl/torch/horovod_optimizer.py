@@ -20,7 +20,8 @@ import torch
 from ..agreement import agree
 from ..codecs import get_codec
 from ..collectives.auto import fitting
-from .compression import Compression, FP16Compressor, resolve_codec
+from .adasum_optimizer import with_adasum_step
+from .compression import Compression, FP16Compressor, NoneCompressor, resolve_codec
 from .horovod_env import fusion_threshold
 from .optimizer import DEFAULT_FUSION_THRESHOLD_BYTES
 from .optimizer import DistributedOptimizer as _ccl_distributed_optimizer
@@ -113,8 +114,7 @@ def _op_of(op):
     if op in ("mean", "sum"):
         return op
     if op == Adasum:
-        raise NotImplementedError("op=hvd.Adasum is not available in ccl.torch's "
-                                  "DistributedOptimizer; use hvd.Average")
+        return "adasum"
     if op not in (Average, Sum):
         raise ValueError(f"DistributedOptimizer reduces with hvd.Average or hvd.Sum, got "
                          f"{OP_NAMES.get(op, op)!r}")
@@ -152,7 +152,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     backward_passes_per_step : int
         Backward passes accumulated locally before one reduction.
     op : int
-        ``hvd.Average`` (default) or ``hvd.Sum``.
+        ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum`` (Horovod's
+        delta optimizer: each rank steps with its own gradients and the
+        parameters' changes are combined with Adasum, see
+        :mod:`ccl.torch.adasum_optimizer`; ``compression=`` none or fp16,
+        ccl's keywords other than ``codec`` have no effect there).
     gradient_predivide_factor : float
         As in Horovod (only with ``op=hvd.Average``): gradients are divided
         by it before the sum and the average multiplied by it after.
@@ -200,6 +204,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     try:
         resolved = _codec_of(compression, codec)
         reduce_op = _op_of(op)
+        if reduce_op == "adasum" and (codec is not None or not (
+                compression in (None, Compression.none, Compression.fp16)
+                or isinstance(compression, (NoneCompressor, FP16Compressor)))):
+            raise ValueError("op=hvd.Adasum takes hvd.Compression.none or hvd.Compression.fp16, "
+                             "not a ccl codec")
         if not isinstance(gradient_predivide_factor, numbers.Real) or \
                 gradient_predivide_factor <= 0:
             raise ValueError("gradient_predivide_factor must be a positive number")
@@ -217,6 +226,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         error = exc
     agree(runtime.comm, "DistributedOptimizer", [("Horovod arguments", (
         reduce_op, float(gradient_predivide_factor) if error is None else None))], error)
+    if reduce_op == "adasum":  # Horovod's delta optimizer: no buckets, no averaging
+        return with_adasum_step(optimizer, compression or Compression.none)
     options = {}
     if min_compress_bytes is not _DEFAULT_MIN_COMPRESS:
         options["min_compress_bytes"] = min_compress_bytes

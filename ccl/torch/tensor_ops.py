@@ -120,6 +120,18 @@ def _scale(buf, factor):
     return buf.copy_((buf.to(torch.float64) * factor).to(buf.dtype))
 
 
+def _postscaled(buf, op, size, postscale):
+    """The reduced ``buf`` after the sum: an average divides by ``size``, then ``postscale``.
+
+    An integer average is the exact sum floor-divided by ``size`` (rounded
+    toward minus infinity), the reference Horovod's own test suite takes
+    (``torch.floor_divide``); a float average multiplies by ``postscale / size``.
+    """
+    if op == Average and not buf.dtype.is_floating_point:
+        return _scale(buf.copy_(torch.floor_divide(buf, size)), postscale)
+    return _scale(buf, postscale / size if op == Average else postscale)
+
+
 def _prescaled(tensor, factor):
     """The working copy times ``factor``, rounded to the tensor's dtype as Horovod's is."""
     buf = _scale(_work(tensor), factor)
@@ -182,7 +194,7 @@ def allreduce_data(process_set, tensors, op, prescale, postscale, codec=None, na
         if flat.numel():
             with timeline.phase("WIRE", "MPI_Allreduce", bytes=flat.numel() * flat.element_size()):
                 process_set._comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=_MPI_OPS[op])
-        _scale(flat, post)
+        _postscaled(flat, op, size, postscale)
         offset = 0
         for i in indices:
             t = tensors[i]
@@ -269,7 +281,6 @@ def reducescatter(process_set, tensors, op, name, prescale, postscale, codec, er
     _agree(process_set, "reducescatter", fields, error)
     comm = process_set._comm
     size, me = comm.Get_size(), comm.Get_rank()
-    post = postscale / size if op == Average else postscale
     results = []
     for i, t in enumerate(tensors):
         rows = rows_of(t.shape[0], size)
@@ -286,7 +297,7 @@ def reducescatter(process_set, tensors, op, name, prescale, postscale, codec, er
             out = torch.empty((rows[me],) + tuple(t.shape[1:]), dtype=buf.dtype)
             comm.Reduce_scatter(buf.reshape(-1).numpy(), out.reshape(-1).numpy(),
                                 [n * row for n in rows], op=_MPI_OPS[op])
-        results.append(_scale(out, post).to(t.device, t.dtype))
+        results.append(_postscaled(out, op, size, postscale).to(t.device, t.dtype))
     return results
 
 
