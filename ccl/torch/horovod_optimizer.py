@@ -223,6 +223,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     TypeError, ValueError, NotImplementedError
         Bad arguments (on the rank that passed them; the others raise
         :class:`ccl.MismatchError`).
+        ``ValueError`` on a rank outside ``process_set`` too (alone: the
+        members do not wait for it).
 
     Examples
     --------

@@ -12,7 +12,6 @@ the orders match and raises on every rank of the set when they do not).
 """
 
 import collections
-import queue
 import threading
 
 from mpi4py import MPI
@@ -356,29 +355,6 @@ def set_comm(process_set):
     return process_set
 
 
-class _SetRuntime(_runtime._Runtime):
-    """The ``runtime`` of the optimizers of one process set: its members only.
-
-    Its communicator is the members' own, made from ``ccl.torch``'s
-    (``MPI_Comm_create_group``: only members call it) for the calling thread,
-    as ``ccl.torch``'s runtime communicator is; the set's collectives keep
-    theirs in the :class:`OpsEngine` thread. Its engines are numbered, retired
-    and freed among the members, as the runtime's are among every rank.
-    """
-
-    def __init__(self, process_set, parent):  # pylint: disable=super-init-not-called
-        group = parent.comm.Get_group()
-        members = group.Incl(process_set.ranks)
-        group.Free()
-        self.comm = parent.comm.Create_group(members, tag=process_set.process_set_id)
-        members.Free()
-        self.user_comm = None
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.local = self.cross = MPI.COMM_NULL  # free() frees the communicator alone
-        self.engines, self.made = {}, 0
-        self.retired, self._retired = queue.SimpleQueue(), set()
-
-
 def set_runtime(process_set):
     """The members' runtime of ``process_set`` (collective over its members, on first use).
 
@@ -390,7 +366,15 @@ def set_runtime(process_set):
     """
     process_set = set_comm(process_set)
     if process_set._runtime is None:
-        process_set._runtime = _SetRuntime(process_set, _runtime.current())
+        # MPI_Comm_create_group: only the members call it, on the calling thread's
+        # communicator (the set's own is the OpsEngine thread's)
+        parent = _runtime.current().comm
+        group = parent.Get_group()
+        members = group.Incl(process_set.ranks)
+        group.Free()
+        comm = parent.Create_group(members, tag=process_set.process_set_id)
+        members.Free()
+        process_set._runtime = _runtime.SetRuntime(comm)
     return process_set._runtime
 
 
