@@ -170,13 +170,56 @@ def test_bad_arguments_raise_on_every_rank(hvd, kwargs, error):
             hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), **bad)
 
 
-def test_process_set_optimizer_is_not_implemented(hvd):
-    first = hvd.add_process_set([0])
-    model, _ = model_and_data(hvd.rank())
-    with pytest.raises(NotImplementedError, match="global process set"):
-        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                 process_set=first)
-    hvd.remove_process_set(first)
+def bucket_names(opt):
+    return [sorted(name for name, _, _ in bucket) for bucket in opt._ccl.plan.layout()]
+
+
+def deep_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)])
+
+
+def test_groups_are_the_buckets(hvd):
+    model = deep_model()
+    params = dict(model.named_parameters())
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
+                                   groups=[[params["0.weight"], params["2.bias"]],
+                                           [params["1.weight"], params["1.bias"]]])
+    # each group one bucket; a parameter in no group is alone (Horovod's semantics)
+    assert sorted(bucket_names(opt)) == [["0.bias"], ["0.weight", "2.bias"],
+                                         ["1.bias", "1.weight"], ["2.weight"]]
+    model = deep_model()
+    with pytest.warns(DeprecationWarning, match="num_groups"):
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), num_groups=4)
+    # six parameters in four contiguous groups of the optimizer's order: 2, 2, 1, 1
+    assert sorted(bucket_names(opt)) == [["0.bias", "0.weight"], ["1.bias", "1.weight"],
+                                         ["2.bias"], ["2.weight"]]
+    model = deep_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), groups=1,
+                                   fusion_threshold_bytes=64)
+    # within a group the fusion threshold still cuts (4x4 float32 weights: 64 bytes)
+    assert all(sum(params[n].numel() * 4 for n in names) <= 64 or len(names) == 1
+               for names in bucket_names(opt))
+    model = deep_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    assert bucket_names(opt) == [sorted(params)]  # no groups: fused by size alone
+
+
+@pytest.mark.parametrize("groups", ["two", 0, -2, [[1.0]], [7], "dup"])
+def test_invalid_groups_raise_on_every_rank(hvd, groups):
+    model = deep_model()
+    if groups == "dup":
+        groups = [[model[0].weight], [model[1].bias, model[0].weight]]
+    with pytest.raises(ValueError, match="groups"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), groups=groups)
+    if hvd.size() > 1:  # one rank's bad groups: the others raise MismatchError
+        with pytest.raises(ValueError if hvd.rank() == 0 else ccl.MismatchError):
+            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     groups=groups if hvd.rank() == 0 else None)
 
 
 def test_broadcasts_with_horovods_signatures(hvd):

@@ -27,8 +27,8 @@ def work_dtype(dtype):
                     f"bfloat16, float32, float64); got a {dtype} parameter")
 
 
-def plan_buckets(entries, threshold, solo_bytes=None):
-    """Cut parameters into buckets: one dtype each, at most ``threshold`` bytes.
+def plan_buckets(entries, threshold, solo_bytes=None, groups=None):
+    """Cut parameters into buckets: one dtype (and group) each, at most ``threshold`` bytes.
 
     Parameters
     ----------
@@ -42,6 +42,9 @@ def plan_buckets(entries, threshold, solo_bytes=None):
         (or one top-k) over a bucket of unrelated layers starves the layers of
         small magnitude, so compressed buckets hold one tensor each, while
         small tensors still fuse (and stay under the compression threshold).
+    groups : sequence, optional
+        A label per entry (Horovod's fusion groups): entries of different
+        labels never share a bucket.
 
     Returns
     -------
@@ -56,6 +59,8 @@ def plan_buckets(entries, threshold, solo_bytes=None):
     [[0, 2], [1], [3]]
     >>> plan_buckets([(4, "f4"), (100, "f4"), (4, "f4"), (4, "f4")], 64, solo_bytes=50)
     [[0, 2, 3], [1]]
+    >>> plan_buckets([(8, "f4"), (8, "f4"), (8, "f4")], 64, groups=["a", "b", "a"])
+    [[0, 2], [1]]
     """
     open_buckets, done = {}, []
     if solo_bytes:
@@ -64,12 +69,13 @@ def plan_buckets(entries, threshold, solo_bytes=None):
         if solo_bytes and nbytes >= solo_bytes:
             done.append([index])
             continue
-        bucket = open_buckets.get(dtype)
+        kind = dtype if groups is None else (groups[index], dtype)
+        bucket = open_buckets.get(kind)
         if bucket is not None and bucket[0] + nbytes > threshold:
             done.append(bucket[1])
             bucket = None
         if bucket is None:
-            bucket = open_buckets[dtype] = [0, []]
+            bucket = open_buckets[kind] = [0, []]
         bucket[0] += nbytes
         bucket[1].append(index)
     done.extend(indices for _, indices in open_buckets.values())
@@ -125,7 +131,7 @@ class Plan:
     """Validated arguments of one DistributedOptimizer: names, buckets and options."""
 
     def __init__(self, optimizer, named_parameters, codec, algorithm, backward_passes_per_step,
-                 op, fusion_threshold_bytes, min_compress_bytes):
+                 op, fusion_threshold_bytes, min_compress_bytes, groups=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}")
@@ -147,6 +153,8 @@ class Plan:
         self.algorithm, self.op, self.passes = algorithm, op, k
         self.threshold, self.min_compress = fusion_threshold_bytes, min_compress_bytes
         self.lr_corrected = False  # DistributedOptimizer sets it (lr-corrected error feedback)
+        # Horovod's fusion groups: {parameter: label}; a parameter outside them is alone
+        self.groups = groups
         if named_parameters is not None and not isinstance(named_parameters, dict):
             named_parameters = list(named_parameters)  # read twice: here and by extend()
         named = named_params(optimizer, named_parameters)
@@ -171,8 +179,10 @@ class Plan:
         # (PowerSGD approximates each matrix of a bucket by itself: its buckets may fuse)
         solo = max(self.min_compress, 1) if self.codec.error_feedback and \
             self.powersgd is None else None
+        labels = None if self.groups is None else \
+            [self.groups.get(p, ("alone", name)) for name, p in named]
         added, compressed = [], []
-        for members in plan_buckets(entries, max(self.threshold, 1), solo):
+        for members in plan_buckets(entries, max(self.threshold, 1), solo, labels):
             dtype = entries[members[0]][1]
             nbytes = sum(entries[i][0] for i in members)
             # PowerSGD decides per matrix (its min_compression_rate), not per bucket

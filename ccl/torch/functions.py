@@ -268,8 +268,14 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     0.1
     """
     runtime = current()
-    comm = runtime.comm
-    error = _check_root(root_rank, runtime.size)
+    broadcast_state(runtime.comm, optimizer, root_rank, _check_root(root_rank, runtime.size))
+
+
+def broadcast_state(comm, optimizer, root_rank, error=None):
+    """:func:`broadcast_optimizer_state` on ``comm`` (root's rank in it; collective).
+
+    ``error``, this rank's error in the arguments, is raised on every rank.
+    """
     if error is None and not isinstance(optimizer, torch.optim.Optimizer):
         error = TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                           f"{type(optimizer).__name__}")

@@ -8,7 +8,7 @@ with the tensor collectives (in the collectives' thread).
 from ..agreement import agree
 from . import functions
 from .handles import submit, synchronize
-from .process_sets import global_process_set
+from .process_sets import global_process_set, set_runtime
 from .tensor_ops import HorovodInternalError
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
@@ -77,12 +77,14 @@ def broadcast_optimizer_state(optimizer, root_rank=0, process_set=global_process
     root_rank : int
         The rank whose state every rank gets.
     process_set : ProcessSet
-        Only the global set (optimizer state is the whole job's).
+        The ranks taking part (default: every rank); only its members call
+        this. ``root_rank`` is a global rank, a member of the set.
 
     Raises
     ------
-    NotImplementedError
-        For another process set.
+    ValueError
+        If this rank is not a member (on this rank alone), or ``root_rank``
+        is not a member (on every member).
 
     Examples
     --------
@@ -93,10 +95,15 @@ def broadcast_optimizer_state(optimizer, root_rank=0, process_set=global_process
     >>> opt.param_groups[0]["lr"]
     0.1
     """
-    if not _is_global(process_set):
-        raise NotImplementedError("broadcast_optimizer_state runs on the global process set "
-                                  "only in ccl.torch")
-    functions.broadcast_optimizer_state(optimizer, root_rank=root_rank)
+    if _is_global(process_set):
+        functions.broadcast_optimizer_state(optimizer, root_rank=root_rank)
+        return
+    runtime = set_runtime(process_set)  # the members' thread communicator, as the optimizer's
+    error = None
+    if root_rank not in process_set.ranks:
+        error = ValueError(f"root_rank {root_rank} is not a rank of {process_set!r}")
+    functions.broadcast_state(runtime.comm, optimizer,
+                              process_set.ranks.index(root_rank) if error is None else 0, error)
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):

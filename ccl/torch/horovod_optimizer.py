@@ -6,26 +6,27 @@ codec; ``Compression.codec("3lc")`` any other), ``op=hvd.Average`` /
 ``hvd.Sum`` become ``"mean"`` / ``"sum"``. ``gradient_predivide_factor``
 ``f`` splits the averaging as in Horovod: gradients are multiplied by
 ``1/f`` before the sum and the average by ``f`` after it (which keeps
-large gradients from overflowing in the sum). ``num_groups`` and
-``groups`` choose Horovod's fusion groups; ccl fuses by size
-(``fusion_threshold_bytes``), so they are checked and otherwise have no
-effect. ccl's own arguments (``codec``, ``algorithm``, ...) stay available
-as keywords.
+large gradients from overflowing in the sum). ``groups`` (or the older
+``num_groups``) are Horovod's fusion groups: the parameters of a group
+share buckets with no other parameter. ``process_set=`` reduces over the
+set's members only (``ccl.torch.process_sets.set_runtime``). ccl's own
+arguments (``codec``, ``algorithm``, ...) stay available as keywords.
 """
 
 import numbers
+import warnings
 
 import torch
 
 from ..agreement import agree
 from ..codecs import get_codec
-from ..collectives.auto import fitting
+from ..collectives.auto import MIN_COMPRESS_BYTES, fitting
 from .adasum_optimizer import with_adasum_step
 from .compression import Compression, FP16Compressor, NoneCompressor, resolve_codec
 from .horovod_env import fusion_threshold
 from .optimizer import DEFAULT_FUSION_THRESHOLD_BYTES
-from .optimizer import DistributedOptimizer as _ccl_distributed_optimizer
-from .process_sets import global_process_set
+from .optimizer import wrap
+from .process_sets import global_process_set, set_runtime
 from .runtime import current
 from .tensor_ops import OP_NAMES, Adasum, Average, Sum
 
@@ -121,11 +122,43 @@ def _op_of(op):
     return "mean" if op == Average else "sum"
 
 
-def _check_groups(num_groups, groups):
+def _fusion_groups(optimizer, num_groups, groups):
+    """Horovod's ``groups`` as ``{parameter: group}`` (None: no groups); raise as Horovod.
+
+    An int ``n`` cuts the trainable parameters, in ``param_groups`` order,
+    into ``n`` contiguous groups of sizes differing by at most one; a list of
+    lists of parameters gives the groups. A parameter in no group is alone.
+    """
     if not isinstance(num_groups, numbers.Integral) or num_groups < 0:
         raise ValueError(f"num_groups must be a non-negative int, got {num_groups!r}")
-    if groups is not None and not isinstance(groups, (numbers.Integral, list)):
-        raise ValueError("groups must be None, an int, or a list of lists of parameters")
+    if num_groups:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups`",
+                      DeprecationWarning, stacklevel=3)
+        if groups is None:
+            groups = num_groups
+    if groups is None:
+        return None
+    if isinstance(groups, bool) or not (isinstance(groups, list) or
+                                        isinstance(groups, numbers.Integral) and groups > 0):
+        raise ValueError("groups should be a non-negative integer or a list of list of "
+                         "torch.Tensor.")
+    if not isinstance(groups, list):
+        params = [p for group in optimizer.param_groups for p in group["params"]
+                  if p.requires_grad]
+        size, extra = divmod(len(params), groups)
+        starts = [i * size + min(i, extra) for i in range(groups + 1)]
+        return {p: g for g in range(groups) for p in params[starts[g]:starts[g + 1]]}
+    labels = {}
+    for g, group in enumerate(groups):
+        if not isinstance(group, (list, tuple)):
+            raise ValueError("groups must be a list of lists of torch.Tensor.")
+        for p in group:
+            if not isinstance(p, torch.Tensor):
+                raise ValueError("groups must consist of torch.Tensor.")
+            if p in labels:
+                raise ValueError("A parameter can only appear once in groups.")
+            labels[p] = g
+    return labels
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -134,7 +167,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          process_set=global_process_set, *, codec=None, algorithm=None,
                          fusion_threshold_bytes=None, min_compress_bytes=_DEFAULT_MIN_COMPRESS,
                          lr_corrected=False):
-    """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks (collective).
+    """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over the set (collective).
 
     Horovod's signature; ccl's options as keywords. See
     :func:`ccl.torch.optimizer.DistributedOptimizer` for how gradients are
@@ -160,13 +193,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     gradient_predivide_factor : float
         As in Horovod (only with ``op=hvd.Average``): gradients are divided
         by it before the sum and the average multiplied by it after.
-    num_groups, groups : optional
-        Accepted as in Horovod; ccl fuses gradients by size instead.
+    num_groups : int
+        Horovod's older ``groups=num_groups`` (deprecated there; warns).
+    groups : int or list of list of torch.Tensor, optional
+        Fusion groups, as in Horovod: ``n`` cuts the trainable parameters
+        (in ``param_groups`` order) into ``n`` contiguous groups; a list
+        gives them, and a parameter in none is a group of its own. A
+        group's gradients share buckets (cut by dtype and
+        ``fusion_threshold_bytes``) with no other parameter's.
     sparse_as_dense : bool
         Turn sparse gradients (``nn.Embedding(sparse=True)``) dense before
         they are reduced; without it a sparse gradient raises ``TypeError``.
     process_set : ProcessSet
-        Only the global set.
+        The ranks whose gradients are averaged (default: every rank); only
+        its members call this, and ``step()`` is collective over them.
     codec, algorithm, fusion_threshold_bytes, min_compress_bytes, lr_corrected
         ccl's options (``codec`` instead of ``compression``);
         ``fusion_threshold_bytes`` defaults to ``HOROVOD_FUSION_THRESHOLD``
@@ -187,6 +227,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     TypeError, ValueError, NotImplementedError
         Bad arguments (on the rank that passed them; the others raise
         :class:`ccl.MismatchError`).
+        ``ValueError`` on a rank outside ``process_set`` too (alone: the
+        members do not wait for it).
 
     Examples
     --------
@@ -199,8 +241,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     >>> isinstance(opt, torch.optim.SGD)
     True
     """
-    runtime = current()
-    error, resolved, reduce_op = None, None, "mean"
+    error, resolved, reduce_op, labels = None, None, "mean", None
+    # a rank outside the set raises here, alone: the members do not wait for it
+    runtime = current() if process_set is None or process_set is global_process_set \
+        else set_runtime(process_set)
     try:
         resolved = _codec_of(compression, codec)
         reduce_op = _op_of(op)
@@ -209,39 +253,37 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                 or isinstance(compression, (NoneCompressor, FP16Compressor)))):
             raise ValueError("op=hvd.Adasum takes hvd.Compression.none or hvd.Compression.fp16, "
                              "not a ccl codec")
+        if reduce_op == "adasum" and runtime is not current():
+            raise ValueError("op=hvd.Adasum runs on the global process set only")
         if not isinstance(gradient_predivide_factor, numbers.Real) or \
                 gradient_predivide_factor <= 0:
             raise ValueError("gradient_predivide_factor must be a positive number")
         if gradient_predivide_factor != 1.0 and reduce_op != "mean":
             raise ValueError("gradient_predivide_factor needs op=hvd.Average")
-        _check_groups(num_groups, groups)
+        labels = _fusion_groups(optimizer, num_groups, groups)
         if not isinstance(sparse_as_dense, bool):
             raise TypeError("sparse_as_dense must be True or False")
         if fusion_threshold_bytes is None:
             fusion_threshold_bytes = fusion_threshold(default=DEFAULT_FUSION_THRESHOLD_BYTES)
-        if process_set is not None and process_set is not global_process_set:
-            raise NotImplementedError("ccl.torch's DistributedOptimizer reduces over the global "
-                                      "process set only")
     except (TypeError, ValueError, NotImplementedError) as exc:
         error = exc
     agree(runtime.comm, "DistributedOptimizer", [("Horovod arguments", (
         reduce_op, float(gradient_predivide_factor) if error is None else None))], error)
     if reduce_op == "adasum":  # Horovod's delta optimizer: no buckets, no averaging
         return with_adasum_step(optimizer, compression or Compression.none)
-    options = {}
+    min_compress = MIN_COMPRESS_BYTES
     if min_compress_bytes is not _DEFAULT_MIN_COMPRESS:
-        options["min_compress_bytes"] = min_compress_bytes
+        min_compress = min_compress_bytes
     elif codec is None and resolved is not None:
-        options["min_compress_bytes"] = 0
+        min_compress = 0
     sparse_hooks = _densify_hooks(optimizer) if sparse_as_dense is True else []
     if algorithm is None:
         # compression= is Horovod's: every tensor is compressed, on the algorithm that fits
         # the codec; codec= is ccl's: "auto" compresses where it pays at the link speed
         algorithm = fitting(resolved) if resolved is not None and codec is None else "auto"
-    wrapped = _ccl_distributed_optimizer(
-        optimizer, named_parameters=named_parameters, codec=resolved, algorithm=algorithm,
-        backward_passes_per_step=backward_passes_per_step, op=reduce_op,
-        fusion_threshold_bytes=fusion_threshold_bytes, lr_corrected=lr_corrected, **options)
+    wrapped = wrap(runtime, optimizer, named_parameters, resolved, algorithm,
+                   backward_passes_per_step, reduce_op, fusion_threshold_bytes,
+                   min_compress, lr_corrected, labels)
     wrapped._ccl_sparse_hooks = sparse_hooks
     if gradient_predivide_factor != 1.0:  # Horovod: divide by f before the sum, f/size after
         wrapped._ccl.prescale = 1.0 / gradient_predivide_factor

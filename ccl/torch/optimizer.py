@@ -32,7 +32,7 @@ from .engine import decision_stats
 from .reducer import Reducer
 from .runtime import current
 
-__all__ = ["DistributedOptimizer", "DEFAULT_FUSION_THRESHOLD_BYTES", "plan_buckets"]
+__all__ = ["DistributedOptimizer", "DEFAULT_FUSION_THRESHOLD_BYTES", "plan_buckets", "wrap"]
 
 #: Default bucket size cap: 64 MiB (Horovod fuses up to 128 MB, DDP 25 MB).
 DEFAULT_FUSION_THRESHOLD_BYTES = 64 * 1024 * 1024
@@ -347,13 +347,25 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
     >>> isinstance(opt, torch.optim.SGD)
     True
     """
-    runtime = current()
+    return wrap(current(), optimizer, named_parameters, codec, algorithm,
+                backward_passes_per_step, op, fusion_threshold_bytes, min_compress_bytes,
+                lr_corrected)
+
+
+def wrap(runtime, optimizer, named_parameters, codec, algorithm, backward_passes_per_step, op,
+         fusion_threshold_bytes, min_compress_bytes, lr_corrected, groups=None):
+    """:func:`DistributedOptimizer` over the ranks of ``runtime`` (collective over them).
+
+    ``runtime`` is ``ccl.torch``'s, or a process set's
+    (``ccl.torch.process_sets.set_runtime``); ``groups`` maps parameters to
+    fusion groups (``Plan``'s ``groups``).
+    """
     plan, error = None, None
     try:
         if isinstance(optimizer, _DistributedMixin):
             raise TypeError("optimizer is already a ccl.torch.DistributedOptimizer")
         plan = Plan(optimizer, named_parameters, codec, algorithm, backward_passes_per_step,
-                     op, fusion_threshold_bytes, min_compress_bytes)
+                    op, fusion_threshold_bytes, min_compress_bytes, groups)
         if not isinstance(lr_corrected, bool):
             raise TypeError(f"lr_corrected must be True or False, got {lr_corrected!r}")
         if lr_corrected and plan.powersgd is not None:

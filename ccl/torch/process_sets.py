@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from ..agreement import agree
 from ..api import Communicator
+from ..errors import MismatchError
 from ..waits import set_default_stall_period
 from . import runtime as _runtime
 from . import timeline
@@ -25,7 +26,7 @@ from .engine import Engine
 from .horovod_env import stall_check, warn_ignored
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-           "init", "ops_engine"]
+           "init", "ops_engine", "set_runtime"]
 
 
 class ProcessSet:
@@ -49,6 +50,7 @@ class ProcessSet:
         self.process_set_id = None
         self._comm = None
         self._communicator = None
+        self._runtime = None  # the members' optimizers (set_runtime), made on first use
         if isinstance(ranks_or_comm, MPI.Comm):
             self.ranks = None
             self.mpi_comm = ranks_or_comm
@@ -142,9 +144,22 @@ class OpsEngine(Engine):
         self.submit(marker)
         self.wait(marker)
 
+    def join(self, timeout=None):
+        """Also stop the threads of the process sets' optimizers (no MPI call)."""
+        super().join(timeout)
+        for process_set in list(self.sets.values()):
+            if process_set._runtime is not None:
+                process_set._runtime.stop_threads(timeout)
+
     def close(self):
         if self.closed:
             return
+        error = None
+        for set_id, process_set in sorted(self.sets.items()):
+            try:
+                _free_set_runtime(process_set)
+            except MismatchError as exc:  # members still step: raised once all is freed
+                error = error or exc
         super().close()
         if self.timeline_comm is not None:  # HOROVOD_TIMELINE: written at shutdown
             timeline.write(self.timeline_comm)
@@ -153,6 +168,8 @@ class OpsEngine(Engine):
                 process_set._comm.Free()
             process_set._comm = process_set._communicator = None
         self.sets = {}
+        if error is not None:
+            raise error
 
 
 class _Barrier:
@@ -317,6 +334,7 @@ def remove_process_set(process_set):
         return False
     engine.drain()
     del engine.sets[set_id]
+    _free_set_runtime(process_set)
     if process_set._comm is not None:
         process_set._comm.Free()
     process_set._comm = process_set._communicator = None
@@ -335,3 +353,37 @@ def set_comm(process_set):
     if process_set._comm is None:
         raise ValueError(f"rank {_runtime.current().rank} is not in {process_set!r}")
     return process_set
+
+
+def set_runtime(process_set):
+    """The members' runtime of ``process_set`` (collective over its members, on first use).
+
+    Raises
+    ------
+    ValueError
+        If the set is not registered or this rank is not a member (no
+        collective: the members do not wait for it).
+    """
+    process_set = set_comm(process_set)
+    if process_set._runtime is None:
+        # MPI_Comm_create_group: only the members call it, on the calling thread's
+        # communicator (the set's own is the OpsEngine thread's)
+        parent = _runtime.current().comm
+        group = parent.Get_group()
+        members = group.Incl(process_set.ranks)
+        group.Free()
+        comm = parent.Create_group(members, tag=process_set.process_set_id)
+        members.Free()
+        process_set._runtime = _runtime.SetRuntime(comm)
+    return process_set._runtime
+
+
+def _free_set_runtime(process_set):
+    """Free the set's optimizers and their communicator (collective over the members)."""
+    runtime, process_set._runtime = process_set._runtime, None
+    if runtime is None:
+        return
+    if MPI.Is_finalized():
+        runtime.stop_threads(_runtime.EXIT_JOIN_SECONDS)
+        return
+    runtime.free()

@@ -93,6 +93,26 @@ class _Runtime:
             raise error
 
 
+class SetRuntime(_Runtime):
+    """The runtime of one process set's optimizers: its members only.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+        The members' communicator for the calling thread (freed by :meth:`free`).
+        Engines are numbered, retired and freed among the members, as the
+        runtime's are among every rank.
+    """
+
+    def __init__(self, comm):  # pylint: disable=super-init-not-called
+        self.user_comm = None
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.local = self.cross = MPI.COMM_NULL  # free() frees self.comm alone
+        self.engines, self.made = {}, 0
+        self.retired, self._retired = queue.SimpleQueue(), set()
+
+
 _LOCK = threading.Lock()
 _RUNTIME = None
 
