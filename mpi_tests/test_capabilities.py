@@ -54,10 +54,18 @@ class _UserCodec(Codec):
 
 
 class _UserCodecWithFigures(_UserCodec):
-    """The same codec, stating what it sends and how fast it is."""
+    """A half-precision codec stating what it sends and how fast it is (auto's model
+    measures the bits it really sends, and takes the stated speeds)."""
 
-    bits_per_value = 1.0
+    codec_id, wire_id = "user-example-half", 202
+    bits_per_value = 16.0
     encode_gbps = decode_gbps = 20.0
+
+    def _encode(self, x, ctx):
+        return x.astype(np.float16).view(np.uint8), 0
+
+    def _decode(self, header, body, ctx):
+        return body.view(np.float16).astype(np.float32)
 
 
 def test_a_user_codec_gets_safe_defaults_and_can_state_its_own():

@@ -87,6 +87,11 @@ def _table(codecs, nbytes, p, machine):
     return "\n".join(lines)
 
 
+def _named(codecs, *names):
+    """The codecs of ``codecs`` whose configuration has one of the registered ``names``."""
+    return [c for c in codecs if c.get_config()["id"] in names]
+
+
 def _plots(codecs, nbytes, latency, per_node, out):
     """The figures of docs/at-scale.md: time, bytes and error against ranks (modelled)."""
     import matplotlib
@@ -111,7 +116,7 @@ def _plots(codecs, nbytes, latency, per_node, out):
         for k, (codec, algorithm) in enumerate(series):
             t = [model.predict(algorithm, codec, nbytes, p, flat).seconds for p in PLOT_RANKS]
             ax.plot(PLOT_RANKS, t, lw=1.2, color=f"C{k}", label=f"{codec.codec_id} {algorithm}")
-        for k, codec in enumerate(c for c in codecs if c.codec_id in ("fp16", "3lc")):
+        for k, codec in enumerate(_named(codecs, "fp16", "3lc")):
             t = [model.predict("hierarchical", codec, nbytes, p, nodes).seconds
                  for p in PLOT_RANKS]
             ax.plot(PLOT_RANKS, t, "--", lw=1.5, color=f"C{len(series) + k}",
@@ -129,12 +134,12 @@ def _plots(codecs, nbytes, latency, per_node, out):
     ranks = [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
     flat = model.Machine(25.0, latency)
-    for k, codec in enumerate(c for c in codecs if c.codec_id in ("fp16", "thc", "onebit")):
+    for k, codec in enumerate(_named(codecs, "fp16", "thc", "onebit")):
         for algorithm, style in zip(model.FLAT, ("-", "-.", "--", ":")):
             err = [model.predict(algorithm, codec, nbytes, p, flat).error for p in ranks]
             ax.plot(ranks, err, style, color=f"C{k}", lw=1.2,
                     label=f"{codec.codec_id} {algorithm}")
-    for k, codec in enumerate(c for c in codecs if c.codec_id in ("fp16", "thc", "sidco")):
+    for k, codec in enumerate(_named(codecs, "fp16", "thc", "sidco")):
         for algorithm, style in (("ring", "-"), ("allgather", ":")):
             sent = [model.predict(algorithm, codec, nbytes, p, flat).sent_bytes / nbytes
                     for p in ranks]

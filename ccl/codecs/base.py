@@ -123,6 +123,25 @@ class Codec(Configurable, PayloadFraming):
     shared_statistics = False
     identity = False
 
+    def sum_bits_per_value(self, contributors):
+        """Payload bits per value of a sum of ``contributors`` payloads (homomorphic codecs).
+
+        The cost model reads it: a codec whose payloads widen as they add
+        (THC's lanes) says by how much. The default: the sum is as large as
+        one payload (``bits_per_value``; a codec that is not homomorphic
+        re-encodes every sum).
+
+        Parameters
+        ----------
+        contributors : int
+            How many ranks' contributions the payload holds.
+
+        Returns
+        -------
+        float
+        """
+        return float(self.bits_per_value)
+
     def check_error_feedback(self):
         """Refuse a configuration whose residual would grow under error feedback.
 

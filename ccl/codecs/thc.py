@@ -112,6 +112,23 @@ class THCCodec(Codec):
         """Expected payload bits per value: ``bits`` (lanes widen only past the first hop)."""
         return float(self.bits)
 
+    def sum_bits_per_value(self, contributors):
+        """Bits per value of a sum of ``contributors`` payloads: its lanes widen (8, 16, 32).
+
+        Parameters
+        ----------
+        contributors : int
+            How many ranks' contributions the payload holds.
+
+        Returns
+        -------
+        float
+            ``bits`` for one contribution, else the lane width in bits.
+        """
+        if contributors <= 1:
+            return float(self.bits)
+        return float(8 * (lane_bytes(contributors, self.g) or 4))
+
     def __init__(self, bits=4, g=15, p=1 / 32, table="optimal", seed=42, block=1024):
         if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) \
                 or bits not in (2, 3, 4):

@@ -128,10 +128,10 @@ def payload_bits(codec, figures, contributors):
     >>> [payload_bits(thc, codec_figures(thc), c) for c in (1, 2, 16, 4096)]
     [4.0, 8.0, 16.0, 32.0]
     """
-    if contributors > 1 and codec is not None and codec.codec_id == "thc":
-        from ..codecs.thc import lane_bytes
-
-        return float(8 * (lane_bytes(contributors, codec.g) or 4))
+    if contributors > 1 and codec is not None and codec.homomorphic:
+        widened = codec.sum_bits_per_value(contributors)
+        if widened != codec.bits_per_value:  # the codec states how its sums widen
+            return float(widened)
     return float(figures.bits)
 
 
@@ -411,11 +411,14 @@ def measure_figures(codec, elements=ERROR_SAMPLE, timed=False, seed=7):
     """
     import time
 
-    from ..codecs import get_codec
+    import copy
+
     from ..codecs.context import CodecContext
     from ..threads import budgeted
 
-    codec = get_codec(codec.get_config())  # a copy: nothing adapts the caller's codec
+    # a copy, so that nothing adapts the caller's codec; by value, not through the registry:
+    # a user's codec need not be registered to be used in a collective
+    codec = copy.deepcopy(codec)
     rng = np.random.default_rng(seed)
     x, y = (rng.standard_normal(elements).astype(np.float32) for _ in range(2))
     # what the collectives agree on first: the larger of the two inputs' statistics
