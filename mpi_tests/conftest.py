@@ -76,6 +76,15 @@ def comm():
     c.Free()
 
 
+@pytest.fixture
+def hvd(comm):
+    """``ccl.torch`` initialised on the test's own communicator, shut down after the test."""
+    ct = pytest.importorskip("ccl.torch")
+    ct.init(comm)
+    yield ct
+    ct.shutdown()
+
+
 def rank_input(rank, n, seed=0, dtype=np.float32, step=0):
     """Rank ``rank``'s input: every rank can rebuild every other rank's input locally."""
     rng = np.random.default_rng([seed, step, rank, n])

@@ -28,14 +28,6 @@ CODECS = [c for c in ("onebit", "3lc", "topk", "sidco", "dgc", "thc") if c in re
 OPTIONS = dict(algorithm="direct", min_compress_bytes=0)
 
 
-@pytest.fixture
-def hvd(comm):
-    """ccl.torch initialised on the test's own communicator."""
-    ct.init(comm)
-    yield ct
-    ct.shutdown()
-
-
 def make_model(seed=0):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
@@ -223,7 +215,6 @@ def test_parameter_without_gradient_counts_as_zero(hvd, comm):
     train(model, opt, hvd.rank(), 3)
     assert_same_on_all_ranks(comm, flat(model.parameters()))
     assert torch.equal(extra.detach(), torch.ones(4))  # zero momentum, no weight decay
-
 
 
 @pytest.mark.parametrize("warmup_steps", [1, 5])  # compressed momenta, exact gradients

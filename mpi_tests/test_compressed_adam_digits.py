@@ -31,14 +31,6 @@ STEPS = 240  # CompressedAdam's default warm-up is 100 steps
 BATCH = 32
 
 
-@pytest.fixture
-def hvd(comm):
-    """ccl.torch initialised on the test's own communicator."""
-    ct.init(comm)
-    yield ct
-    ct.shutdown()
-
-
 def batches(x, rank, steps):
     """The indices of ``rank``'s batches for ``steps`` steps (a seeded order per epoch)."""
     out = []

@@ -29,14 +29,6 @@ torch.set_num_threads(1)
 COMPRESS = dict(algorithm="ring", min_compress_bytes=0)
 
 
-@pytest.fixture
-def hvd(comm):
-    """ccl.torch initialised on the test's own communicator."""
-    ct.init(comm)
-    yield ct
-    ct.shutdown()
-
-
 def make_model(seed=0):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))

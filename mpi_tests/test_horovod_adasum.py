@@ -21,13 +21,6 @@ pytestmark = pytest.mark.mpi
 torch.set_num_threads(1)
 
 
-@pytest.fixture
-def hvd(comm):
-    ct.init(comm)
-    yield ct
-    ct.shutdown()
-
-
 class CountingComm:
     """The real communicator, counting the bytes this rank sends."""
 

@@ -22,13 +22,6 @@ INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 
-@pytest.fixture
-def hvd(comm):
-    ct.init(comm)
-    yield ct
-    ct.shutdown()
-
-
 def rank_tensor(rank, shape, dtype, seed=0):
     """Rank ``rank``'s input: small integers (exact in every dtype, products included)."""
     g = torch.Generator().manual_seed(1000 * seed + rank)

@@ -10,18 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import ccl.torch as ct  # noqa: E402
-
 pytestmark = pytest.mark.mpi
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture
-def hvd(comm):
-    ct.init(comm)
-    yield ct
-    ct.shutdown()
 
 
 def values(rank, shape, dtype):

@@ -19,13 +19,6 @@ pytestmark = pytest.mark.mpi
 torch.set_num_threads(1)
 
 
-@pytest.fixture
-def hvd(comm):
-    ct.init(comm)
-    yield ct
-    ct.shutdown()
-
-
 def model_and_data(rank, seed=0):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))

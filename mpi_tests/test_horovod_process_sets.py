@@ -13,13 +13,6 @@ pytestmark = pytest.mark.mpi
 torch.set_num_threads(1)
 
 
-@pytest.fixture
-def hvd(comm):
-    ct.init(comm)
-    yield ct
-    ct.shutdown()
-
-
 def evens_odds(size):
     return list(range(0, size, 2)), list(range(1, size, 2))
 

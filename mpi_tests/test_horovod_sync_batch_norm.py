@@ -11,13 +11,6 @@ pytestmark = pytest.mark.mpi
 torch.set_num_threads(1)
 
 
-@pytest.fixture
-def hvd(comm):
-    ct.init(comm)
-    yield ct
-    ct.shutdown()
-
-
 def batch(rank, shape):
     g = torch.Generator().manual_seed(rank)
     return torch.randn(*shape, generator=g, dtype=torch.float64) * (rank + 1) + rank

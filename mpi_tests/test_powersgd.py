@@ -35,14 +35,6 @@ SIZE = sum(s.numel() for s in SHAPES)
 INNER = ["none", "bf16", "fp16", "thc"]
 
 
-@pytest.fixture
-def hvd(comm):
-    """ccl.torch initialised on the test's own communicator."""
-    ct.init(comm)
-    yield ct
-    ct.shutdown()
-
-
 def gradient(rank, step):
     return torch.randn(SIZE, generator=torch.Generator().manual_seed(1000 * step + rank))
 

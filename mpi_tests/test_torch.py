@@ -30,14 +30,6 @@ CODECS = [c for c in registered_codecs() if not c.startswith("test-")]
 SMALL_BUCKETS = dict(fusion_threshold_bytes=200, min_compress_bytes=0)
 
 
-@pytest.fixture
-def hvd(comm):
-    """ccl.torch initialised on the test's own communicator."""
-    ct.init(comm)
-    yield ct
-    ct.shutdown()
-
-
 class Net(torch.nn.Module):
     """Two layers plus a branch that only some ranks use."""
 

@@ -56,13 +56,6 @@ print("done", ct.rank(), flush=True)
 """
 
 
-@pytest.fixture
-def hvd(comm):
-    ct.init(comm)
-    yield ct
-    ct.shutdown()
-
-
 @pytest.mark.mpi
 def test_dropped_optimizers_free_their_communicators(comm, hvd):
     torch.manual_seed(0)
