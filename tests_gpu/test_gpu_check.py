@@ -103,3 +103,13 @@ def test_budgets_are_parsed_and_checked():
     assert gpu_check._budgets(["train=30", "tests-1=2.5"]) == {"train": 30.0, "tests-1": 2.5}
     with pytest.raises(SystemExit, match="NAME=SECONDS"):
         gpu_check._budgets(["nosuchstep=3"])
+
+
+def test_pytest_counts_finds_every_rank_even_on_one_line():
+    # Two ranks of one mpiexec share stdout; one summary can follow another without a newline.
+    text = ("..ss\n19 passed, 15 skipped in 11.65s19 passed, 15 skipped in 11.65s\n"
+            "=== 1 failed, 3 passed, 2 deselected in 0.50s ===\nFAILED tests/x.py::t - boom\n")
+    counts = gpu_check._pytest_counts(text)
+    assert counts["per_rank"] == [{"passed": 19, "skipped": 15}, {"passed": 19, "skipped": 15},
+                                  {"failed": 1, "passed": 3, "deselected": 2}]
+    assert counts["failed"] == ["FAILED tests/x.py::t - boom"]

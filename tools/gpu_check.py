@@ -309,7 +309,9 @@ def _marked_json(text):
     return None
 
 
-_SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in [\d.]+s")
+# Not anchored to a line: the ranks of one mpiexec share its stdout, so one rank's summary
+# can land on the same line as another's ("... in 11.65s19 passed, ...").
+_SUMMARY = re.compile(r"((?:\d+ [a-z]+, )*\d+ [a-z]+) in \d+\.\d+s")
 _PROGRESS = re.compile(r"^([.FEsxX]+)(?:\s+\[\s*\d+%\])?$")
 _MARKS = {".": "passed", "F": "failed", "E": "errors", "s": "skipped", "x": "xfailed",
           "X": "xpassed"}
@@ -317,12 +319,8 @@ _MARKS = {".": "passed", "F": "failed", "E": "errors", "s": "skipped", "x": "xfa
 
 def _pytest_counts(text):
     """The outcome counts of each pytest summary line (one per rank), and the FAILED lines."""
-    counts = []
-    for line in text.splitlines():
-        match = _SUMMARY.match(line.strip())
-        if match:
-            counts.append({kind: int(num) for num, kind in
-                           (part.split() for part in match.group(1).split(", "))})
+    counts = [{kind: int(num) for num, kind in (part.split() for part in m.group(1).split(", "))}
+              for m in _SUMMARY.finditer(text)]
     failed = sorted({line.strip() for line in text.splitlines()
                      if line.startswith(("FAILED ", "ERROR "))})
     result = dict(per_rank=counts, failed=failed[:50])
