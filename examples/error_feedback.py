@@ -27,7 +27,7 @@ c = ccl.Communicator(comm, codec="onebit", algorithm="direct")
 
 put_in = np.zeros(n)        # the exact sum of every step's inputs over all ranks
 delivered = np.zeros(n)     # the sum of every step's compressed allreduce
-for step in range(30):
+for _ in range(30):
     grad = rng.standard_normal(n).astype(np.float32)
     delivered += c.allreduce(grad, key="layer1.weight")
     put_in += comm.allreduce(grad.astype(np.float64))

@@ -216,7 +216,7 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
             exact = np.empty(n, dtype=np.float64)
             comm.Allreduce(x.astype(np.float64), exact)
 
-        def mpi_allreduce():
+        def mpi_allreduce(x=x):
             out = np.empty_like(x)
             comm.Allreduce(x, out)
             return out
@@ -239,7 +239,7 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
             xc, exact_c = (x, exact) if data != "gradients" else \
                 _tiled(comm, steady_input(codec, steps), n)
 
-            def call():
+            def call(c=c, xc=xc):
                 return c.allreduce(xc)
             before = ch.bytes_sent
             call()

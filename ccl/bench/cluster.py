@@ -77,8 +77,9 @@ def _stop(proc, grace=5.0):
 
 
 class EmulatedCluster(EmulatedNetwork):
-    """An :class:`~ccl.bench.network.EmulatedNetwork` that runs MPI jobs, ``ranks_per_host`` ranks per host.
+    """An :class:`~ccl.bench.network.EmulatedNetwork` that runs MPI jobs.
 
+    Each host runs ``ranks_per_host`` ranks.
     Use it as a context manager: entering builds the network, leaving removes
     it, whatever happened in between.
 

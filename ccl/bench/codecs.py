@@ -1,7 +1,8 @@
 """Codec throughput: single-core encode and decode GB/s next to a memcpy-class copy.
 
 Run without mpiexec: ``python -m ccl.bench codecs``. Kernels run on one numba
-thread (``--threads`` changes it), so the figures are per core. Throughput is float32 input bytes divided by the median time.
+thread (``--threads`` changes it), so the figures are per core. Throughput is float32
+input bytes divided by the median time.
 """
 
 import argparse
@@ -34,8 +35,8 @@ def measure(specs, n, reps, seed=0):
     for spec in specs:
         codec = get_codec(spec)
         payload = codec.encode(x)
-        enc_s = _median_time(lambda: codec.encode(x), reps)
-        dec_s = _median_time(lambda: codec.decode(payload), reps)
+        enc_s = _median_time(lambda codec=codec: codec.encode(x), reps)
+        dec_s = _median_time(lambda codec=codec, payload=payload: codec.decode(payload), reps)
         rows.append(dict(codec=codec.codec_id, config=codec.get_config(), n=n,
                          encode_gbs=x.nbytes / enc_s / 1e9, decode_gbs=x.nbytes / dec_s / 1e9,
                          copy_gbs=x.nbytes / copy_s / 1e9,

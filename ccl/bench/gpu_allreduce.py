@@ -123,7 +123,7 @@ def measure(comm, specs, sizes, algorithms, reps, warmup, simulate=False):
                 yield dict(base, **row, speedup=staged / row["seconds"])
             for spec in specs:
                 for algorithm in algorithms:
-                    def call(spec=spec, algorithm=algorithm):
+                    def call(spec=spec, algorithm=algorithm, x=x):
                         return ccl.compressed_allreduce(x, spec, comm=comm, algorithm=algorithm)
 
                     seconds, out = _timed(comm, backend, call, reps, warmup)

@@ -111,7 +111,7 @@ def _has_capabilities():
     """
     try:
         with open("/proc/self/status") as f:
-            line = next(l for l in f if l.startswith("CapEff:"))
+            line = next(row for row in f if row.startswith("CapEff:"))
     except (OSError, StopIteration):
         return os.geteuid() == 0
     caps = int(line.split()[1], 16)

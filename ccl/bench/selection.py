@@ -119,8 +119,9 @@ def measure(x, densities, reps):
     # (density, name, config, callable) in the order they run in every round
     methods = []
     for density in densities:
+        k = target_count(density, n)
         methods.append((density, EXACT, None,
-                        lambda k=target_count(density, n): np.argpartition(np.abs(x), -k)[-k:]))
+                        lambda k=k: np.argpartition(np.abs(x), -k)[-k:]))
         for spec in selection_specs(density):
             codec = get_codec(spec)
             methods.append((density, method_name(spec), codec.get_config(),

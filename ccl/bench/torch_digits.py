@@ -138,7 +138,7 @@ def summarise(runs):
     for run in runs:
         methods.setdefault(run["method"], []).append(run)
     rows = []
-    for method, group in methods.items():
+    for group in methods.values():
         accs = [g["final_accuracy"] for g in group]
         sent = [g["bytes_sent"] for g in group]
         rows.append(dict(

@@ -1,4 +1,4 @@
-"""Train one model with DDP's hooks, ccl's codecs and no communication: step time and time to accuracy.
+"""Step time and time to accuracy of one model under DDP's hooks, ccl's codecs, no communication.
 
 On an emulated cluster (root), or on shared memory::
 

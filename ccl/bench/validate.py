@@ -192,7 +192,7 @@ def auto_against_fixed(job):
             ran = next((r for r in mine if r["algorithm"] == decision.algorithm), mpi)
             fig = model.codec_figures(codec, calibration={})
 
-            def error_of(algorithm):
+            def error_of(algorithm, fig=fig, codec=codec):
                 return model.combined_error(fig.error, model.lossy_weight(
                     algorithm, p, fig.exact_sum, codec.homomorphic))
 

@@ -336,7 +336,10 @@ class Call:
         self.nonfinite_chunks.add(self.unit_id(j))
 
     def add(self, a, b, j):
-        """Homomorphic sum of two payloads of unit ``j`` (flags combine; ``FAILED`` if it raises)."""
+        """Homomorphic sum of two payloads of unit ``j``.
+
+        Flags combine; ``FAILED`` if it raises.
+        """
         with trace.span("ADD", self.codec.codec_id, unit=int(j)):
             return self._add(a, b, j)
 
