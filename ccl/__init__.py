@@ -5,6 +5,10 @@
 ['CCLError', 'Communicator', 'CompressionOverflowError']
 """
 
+from __future__ import annotations
+
+from typing import Iterable
+
 from . import codecs, config
 from .api import allgather, compressed_allreduce, reduce_scatter
 from .communicator import Communicator
@@ -22,7 +26,7 @@ __all__ = [
 ]
 
 
-def warmup(codec_ids=None):
+def warmup(codec_ids: Iterable[str] | None = None) -> None:
     """Compile every codec's kernels now, on tiny arrays, instead of on first use.
 
     Numba compiles a kernel on its first call, which can take seconds per
@@ -47,7 +51,7 @@ def warmup(codec_ids=None):
         _compile(codec_ids)
 
 
-def _compile(codec_ids):
+def _compile(codec_ids: Iterable[str] | None) -> None:
     import numpy as np
 
     for codec_id in codec_ids or codecs.registered_codecs():

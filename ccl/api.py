@@ -13,13 +13,20 @@ The array and the codec are positional, everything else keyword-only
 :class:`ccl.collectives.Options`, written once there.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Hashable
+
 from . import collectives
-from .arguments import array_first, by_look, world_or
+from .arguments import ArrayT, CodecLike, array_first, by_look, world_or
 from .collectives import Options
 from .communicator import Communicator
 from .feedback import ErrorFeedback
 from .transport import channel as _channel
 from .transport import comm_cache
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 __all__ = ["compressed_allreduce", "reduce_scatter", "allgather", "Communicator"]
 
@@ -32,7 +39,8 @@ _ALLREDUCE_ORDER = ("comm", "op", "algorithm", "key", "check_finite", "timeout")
 _ALLGATHER_ORDER = ("comm", "key", "check_finite", "timeout")
 
 
-def _module_call(comm, collective, x, key, **options):
+def _module_call(comm: MPI.Intracomm | None, collective: str, x: ArrayT, key: Hashable | None,
+                 **options: Any) -> ArrayT:
     comm = world_or(comm)
     ch = _channel(comm)
     cache = comm_cache(comm)
@@ -44,8 +52,10 @@ def _module_call(comm, collective, x, key, **options):
 
 
 @array_first(2, by_look(_ALLREDUCE_ORDER), "ccl.compressed_allreduce(x, codec")
-def compressed_allreduce(x, codec=None, *, comm=None, op=Options.op, algorithm=Options.algorithm,
-                         key=None, check_finite=Options.check_finite, timeout=None):
+def compressed_allreduce(x: ArrayT, codec: CodecLike = None, *, comm: MPI.Intracomm | None = None,
+                         op: str = Options.op, algorithm: str = Options.algorithm,
+                         key: Hashable | None = None, check_finite: bool = Options.check_finite,
+                         timeout: float | None = None) -> ArrayT:
     """Sum (or average) an array over all ranks, compressing what is sent.
 
     Parameters
@@ -113,8 +123,10 @@ def compressed_allreduce(x, codec=None, *, comm=None, op=Options.op, algorithm=O
 
 
 @array_first(2, by_look(_ALLREDUCE_ORDER), "ccl.reduce_scatter(x, codec")
-def reduce_scatter(x, codec=None, *, comm=None, op=Options.op, algorithm="ring", key=None,
-                   check_finite=Options.check_finite, timeout=None):
+def reduce_scatter(x: ArrayT, codec: CodecLike = None, *, comm: MPI.Intracomm | None = None,
+                   op: str = Options.op, algorithm: str = "ring", key: Hashable | None = None,
+                   check_finite: bool = Options.check_finite,
+                   timeout: float | None = None) -> ArrayT:
     """Sum an array over all ranks and return this rank's block of the result.
 
     The block is ``numpy.array_split(result.ravel(), comm.size)[comm.rank]``.
@@ -167,8 +179,9 @@ def reduce_scatter(x, codec=None, *, comm=None, op=Options.op, algorithm="ring",
 
 
 @array_first(2, by_look(_ALLGATHER_ORDER), "ccl.allgather(block, codec")
-def allgather(block, codec=None, *, comm=None, key=None, check_finite=Options.check_finite,
-              timeout=None):
+def allgather(block: ArrayT, codec: CodecLike = None, *, comm: MPI.Intracomm | None = None,
+              key: Hashable | None = None, check_finite: bool = Options.check_finite,
+              timeout: float | None = None) -> ArrayT:
     """Gather every rank's block, compressed; return their 1-D concatenation in rank order.
 
     Blocks may differ in length (zero-length blocks included) but not in

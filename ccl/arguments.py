@@ -15,12 +15,30 @@ write. Where the first cut of the API took the key second,
 spells out the call that was meant.
 """
 
+from __future__ import annotations
+
 import functools
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar, Union
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from .codecs import Codec
 
 __all__ = ["array_first", "looks_like_codec", "world_or", "by_look"]
 
+# Types the entry points' annotations share (not exported: type checkers read them here).
+#: What a ``codec`` argument takes: a codec, a registered id, a config dict, or None.
+CodecLike = Union["Codec", str, Mapping[str, Any], None]
+#: An input array: numpy, or cupy where the codec runs on the device; a collective returns
+#: the kind it was given.
+ArrayT = TypeVar("ArrayT")
+#: ``meant(extra_values) -> names``: the keyword each extra positional argument was meant for.
+Meant = Callable[[Sequence[Any]], list[str]]
+_F = TypeVar("_F", bound=Callable[..., Any])
 
-def looks_like_codec(value):
+
+def looks_like_codec(value: object) -> bool:
     """Whether ``value`` is what a ``codec`` argument takes (a codec, its id or config).
 
     Parameters
@@ -43,7 +61,7 @@ def looks_like_codec(value):
     return isinstance(value, str) and value.lower() in registered_codecs()
 
 
-def _kind(value):
+def _kind(value: object) -> str | None:
     """The keyword an argument of this look is usually passed as (None: no telling)."""
     from mpi4py import MPI
 
@@ -64,7 +82,7 @@ def _kind(value):
     return None
 
 
-def by_look(order):
+def by_look(order: Sequence[str]) -> Meant:
     """A ``meant`` for :func:`array_first`: each extra argument's keyword by its look.
 
     A communicator is ``comm``, ``"mean"`` an ``op``, ``"ring"`` an
@@ -82,7 +100,7 @@ def by_look(order):
     callable
         ``meant(extra_values) -> list of names``.
     """
-    def meant(extra):
+    def meant(extra: Sequence[Any]) -> list[str]:
         kinds = [_kind(value) for value in extra]
         names = [kind if kind in order else None for kind in kinds]
         rest = iter(name for name in order if name not in names)
@@ -90,13 +108,14 @@ def by_look(order):
     return meant
 
 
-def _shown(value):
+def _shown(value: object) -> str:
     """``value`` as it would be written in a call (long reprs by their type)."""
     text = repr(value)
     return text if len(text) <= 40 else f"<{type(value).__name__}>"
 
 
-def array_first(positional, meant, call, method=False):
+def array_first(positional: int, meant: Meant, call: str,
+                method: bool = False) -> Callable[[_F], _F]:
     """Decorate an entry point so that extra positional arguments raise a helpful TypeError.
 
     The decorated function keeps its signature (``inspect.signature`` and
@@ -123,9 +142,9 @@ def array_first(positional, meant, call, method=False):
     callable
         The decorator.
     """
-    def decorate(func):
+    def decorate(func: _F) -> _F:
         @functools.wraps(func)
-        def checked(*args, **kwargs):
+        def checked(*args: Any, **kwargs: Any) -> Any:
             if len(args) > positional + method:
                 extra = args[positional + method:]
                 named = ", ".join(f"{name}={_shown(value)}"
@@ -135,11 +154,11 @@ def array_first(positional, meant, call, method=False):
                     f"everything else by keyword; got {len(args) - method}. "
                     f"Write {call}, {named})")
             return func(*args, **kwargs)
-        return checked
+        return checked  # type: ignore[return-value]  # wraps keeps the signature
     return decorate
 
 
-def world_or(comm, call=None):
+def world_or(comm: MPI.Intracomm | None, call: str | None = None) -> MPI.Intracomm:
     """``comm``, or ``MPI.COMM_WORLD`` for None; anything but an intracommunicator raises.
 
     Parameters

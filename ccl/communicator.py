@@ -7,14 +7,22 @@ reduced, checkpointable with :meth:`Communicator.state_dict`. Its methods
 take only the array positionally (:mod:`ccl.arguments`).
 """
 
+from __future__ import annotations
+
 import collections
+from typing import TYPE_CHECKING, Any, Hashable
 
 from . import collectives, config
-from .arguments import array_first, by_look, world_or
+from .arguments import ArrayT, CodecLike, array_first, by_look, world_or
 from .collectives import Options
 from .collectives.auto import MIN_COMPRESS_BYTES
 from .feedback import ErrorFeedback
 from .transport import channel as _channel
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from .codecs import Codec
 
 __all__ = ["Communicator", "PARTITION_BYTES"]
 
@@ -87,11 +95,13 @@ class Communicator:
     """
 
     @array_first(2, by_look(_INIT_ORDER), "ccl.Communicator(comm, codec", method=True)
-    def __init__(self, comm=None, codec=None, *, algorithm=Options.algorithm, op=Options.op,
-                 check_finite=Options.check_finite, timeout=None,
-                 partition_bytes=PARTITION_BYTES, min_compress_bytes=MIN_COMPRESS_BYTES,
-                 segment_bytes=None, link_gbps=None, cross_algorithm=None,
-                 lr_corrected=False):
+    def __init__(self, comm: MPI.Intracomm | None = None, codec: CodecLike = None, *,
+                 algorithm: str = Options.algorithm, op: str = Options.op,
+                 check_finite: bool = Options.check_finite, timeout: float | None = None,
+                 partition_bytes: int | None = PARTITION_BYTES,
+                 min_compress_bytes: int | None = MIN_COMPRESS_BYTES,
+                 segment_bytes: int | None = None, link_gbps: float | str | None = None,
+                 cross_algorithm: str | None = None, lr_corrected: bool = False) -> None:
         self.comm = world_or(comm, "ccl.Communicator(codec=...)")
         self._channel = _channel(self.comm)
         self.options = Options.make(
@@ -104,19 +114,19 @@ class Communicator:
         self.lr_corrected = lr_corrected
         self.feedback = ErrorFeedback()
         self._calls = self._bytes_sent = self._bytes_plain = 0
-        self._algorithms = collections.Counter()
+        self._algorithms: collections.Counter[str] = collections.Counter()
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         """This process's rank."""
         return self._channel.rank
 
     @property
-    def size(self):
+    def size(self) -> int:
         """Number of ranks."""
         return self._channel.size
 
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         """Counters of this communicator's calls on this rank, and what ``auto`` decided from.
 
         Returns
@@ -155,7 +165,7 @@ class Communicator:
                 "bytes_plain": self._bytes_plain,
                 **collectives.link.decision_stats(self._channel, self._algorithms, link)}
 
-    def set_lr(self, lr):
+    def set_lr(self, lr: float) -> None:
         """Tell learning-rate-corrected error feedback the current learning rate (local).
 
         Not a collective: each rank scales only its own residuals, lazily, at
@@ -178,7 +188,8 @@ class Communicator:
         if self.lr_corrected:
             self.feedback.lr = lr
 
-    def _call(self, collective, x, key, **overrides):
+    def _call(self, collective: str, x: ArrayT, key: Hashable | None,
+              **overrides: Any) -> ArrayT:
         channel = self._channel
         before, plain_before = channel.bytes_sent, channel.plain_bytes_sent
         try:
@@ -190,8 +201,9 @@ class Communicator:
             self._bytes_plain += channel.plain_bytes_sent - plain_before
 
     @array_first(1, by_look(_CALL_ORDER), "c.allreduce(x", method=True)
-    def allreduce(self, x, *, key=None, op=None, algorithm=None, check_finite=None, codec=None,
-                  timeout=None):
+    def allreduce(self, x: ArrayT, *, key: Hashable | None = None, op: str | None = None,
+                  algorithm: str | None = None, check_finite: bool | None = None,
+                  codec: CodecLike = None, timeout: float | None = None) -> ArrayT:
         """:func:`compressed_allreduce` with this communicator's defaults and state.
 
         Parameters
@@ -228,8 +240,9 @@ class Communicator:
                           check_finite=check_finite, codec=codec, timeout=timeout)
 
     @array_first(1, by_look(_CALL_ORDER), "c.reduce_scatter(x", method=True)
-    def reduce_scatter(self, x, *, key=None, op=None, algorithm=None, check_finite=None,
-                       codec=None, timeout=None):
+    def reduce_scatter(self, x: ArrayT, *, key: Hashable | None = None, op: str | None = None,
+                       algorithm: str | None = None, check_finite: bool | None = None,
+                       codec: CodecLike = None, timeout: float | None = None) -> ArrayT:
         """:func:`reduce_scatter` with this communicator's defaults and state.
 
         ``algorithm=None`` uses ``"auto"`` unless the communicator's default
@@ -263,7 +276,9 @@ class Communicator:
                           check_finite=check_finite, codec=codec, timeout=timeout)
 
     @array_first(1, by_look(_ALLGATHER_ORDER), "c.allgather(block", method=True)
-    def allgather(self, block, *, key=None, check_finite=None, codec=None, timeout=None):
+    def allgather(self, block: ArrayT, *, key: Hashable | None = None,
+                  check_finite: bool | None = None, codec: CodecLike = None,
+                  timeout: float | None = None) -> ArrayT:
         """:func:`allgather` with this communicator's defaults and state.
 
         Parameters
@@ -287,7 +302,7 @@ class Communicator:
         return self._call("allgather", block, key, check_finite=check_finite, codec=codec,
                           timeout=timeout)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """Checkpointable state of this rank: codec config and error-feedback residuals.
 
         Error feedback is per rank: save each rank's ``state_dict()`` (e.g.
@@ -305,7 +320,7 @@ class Communicator:
                 "feedback": self.feedback.state_dict(),
                 "codec_state": codec_state() if callable(codec_state) else None}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output (residuals and steps of every key).
 
         Parameters
@@ -331,91 +346,91 @@ class Communicator:
             loader(state["codec_state"])
 
     @property
-    def codec(self):
+    def codec(self) -> Codec:
         """ccl.codecs.Codec: The codec of every call (set: a codec, its id or config)."""
         return self.options.codec
 
     @codec.setter
-    def codec(self, value):
+    def codec(self, value: CodecLike) -> None:
         self.options = self.options.updated(codec=value)
 
     @property
-    def op(self):
+    def op(self) -> str:
         """str: The default op, ``"sum"`` or ``"mean"``."""
         return self.options.op
 
     @op.setter
-    def op(self, value):
+    def op(self, value: str) -> None:
         self.options = self.options.updated(op=value)
 
     @property
-    def algorithm(self):
+    def algorithm(self) -> str:
         """str: The default algorithm of :meth:`allreduce`."""
         return self.options.algorithm
 
     @algorithm.setter
-    def algorithm(self, value):
+    def algorithm(self, value: str) -> None:
         self.options = self.options.updated(algorithm=value)
 
     @property
-    def check_finite(self):
+    def check_finite(self) -> bool:
         """bool: Whether calls raise :class:`ccl.NonFiniteError` on NaN/Inf input by default."""
         return self.options.check_finite
 
     @check_finite.setter
-    def check_finite(self, value):
+    def check_finite(self, value: bool) -> None:
         self.options = self.options.updated(check_finite=value)
 
     @property
-    def timeout(self):
+    def timeout(self) -> float | None:
         """float or None: Seconds a call waits for a peer (None: ``CCL_TIMEOUT``)."""
         return self.options.timeout
 
     @timeout.setter
-    def timeout(self, value):
+    def timeout(self, value: float | None) -> None:
         self.options = self.options.updated(timeout=value)
 
     @property
-    def partition_bytes(self):
+    def partition_bytes(self) -> int | None:
         """int or None: The largest partition of an allreduce, in bytes (None: one)."""
         return self.options.partition_bytes
 
     @partition_bytes.setter
-    def partition_bytes(self, value):
+    def partition_bytes(self, value: int | None) -> None:
         self.options = self.options.updated(partition_bytes=value)
 
     @property
-    def min_compress_bytes(self):
+    def min_compress_bytes(self) -> int | None:
         """int or None: Tensors and partitions under this many bytes go uncompressed."""
         return self.options.min_compress_bytes
 
     @min_compress_bytes.setter
-    def min_compress_bytes(self, value):
+    def min_compress_bytes(self, value: int | None) -> None:
         self.options = self.options.updated(min_compress_bytes=value)
 
     @property
-    def segment_bytes(self):
+    def segment_bytes(self) -> int | None:
         """int or None: Payload bytes per pipeline segment (None: ``CCL_SEGMENT_BYTES``)."""
         return self.options.segment_bytes
 
     @segment_bytes.setter
-    def segment_bytes(self, value):
+    def segment_bytes(self, value: int | None) -> None:
         self.options = self.options.updated(segment_bytes=value)
 
     @property
-    def link_gbps(self):
+    def link_gbps(self) -> float | str | None:
         """float, str or None: The link speed ``auto`` weighs compression against, as given."""
         return self.options.link_gbps
 
     @link_gbps.setter
-    def link_gbps(self, value):
+    def link_gbps(self, value: float | str | None) -> None:
         self.options = self.options.updated(link_gbps=value)
 
     @property
-    def cross_algorithm(self):
+    def cross_algorithm(self) -> str | None:
         """str or None: The flat algorithm ``hierarchical`` runs across nodes."""
         return self.options.cross_algorithm
 
     @cross_algorithm.setter
-    def cross_algorithm(self, value):
+    def cross_algorithm(self, value: str | None) -> None:
         self.options = self.options.updated(cross_algorithm=value)

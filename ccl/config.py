@@ -26,11 +26,14 @@ every rank.
 4096
 """
 
+from __future__ import annotations
+
 import difflib
 import math
 import os
 import warnings
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 __all__ = ["VARIABLES", "Variable", "read", "switch", "timeout_seconds", "byte_count",
            "segment_bytes", "period_seconds", "read_or_none", "check_environment",
@@ -41,11 +44,11 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def _text(value):
+def _text(value: Any) -> str:
     return "" if value is None else str(value).strip()
 
 
-def switch(value, name="value"):
+def switch(value: Any, name: str = "value") -> bool | None:
     """Parse an on/off switch: True, False, or None when not given.
 
     Raises
@@ -65,7 +68,7 @@ def switch(value, name="value"):
     raise ValueError(f"{name} must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
 
 
-def _seconds(value, name, zero):
+def _seconds(value: Any, name: str, zero: str) -> float | None:
     """Seconds >= 0, ``math.inf`` for 0 (which means ``zero``), None if not given."""
     if not _given(value):
         return None
@@ -78,7 +81,7 @@ def _seconds(value, name, zero):
     return math.inf if seconds == 0 else seconds
 
 
-def timeout_seconds(value, name="timeout"):
+def timeout_seconds(value: Any, name: str = "timeout") -> float | None:
     """Parse a timeout: positive seconds; ``math.inf`` (wait forever) for 0; None if not given.
 
     Raises
@@ -89,7 +92,7 @@ def timeout_seconds(value, name="timeout"):
     return _seconds(value, name, "wait forever")
 
 
-def _integer(value):
+def _integer(value: Any) -> int | None:
     """``value`` as an int if it is an integer (or its decimal text), else None."""
     if isinstance(value, str):
         text = value.strip()
@@ -100,11 +103,11 @@ def _integer(value):
     return int(value)
 
 
-def _given(value):
+def _given(value: Any) -> bool:
     return value is not None and not (isinstance(value, str) and not value.strip())
 
 
-def byte_count(value, name="value", zero="off"):
+def byte_count(value: Any, name: str = "value", zero: str = "off") -> int | None:
     """Parse a non-negative integer number of bytes; None when not given.
 
     ``zero`` says what 0 means, for the error message.
@@ -122,7 +125,7 @@ def byte_count(value, name="value", zero="off"):
     return number
 
 
-def segment_bytes(value, name="segment_bytes"):
+def segment_bytes(value: Any, name: str = "segment_bytes") -> int | None:
     """Parse a pipeline segment size in payload bytes (0: no pipelining); None if not given.
 
     Raises
@@ -133,7 +136,7 @@ def segment_bytes(value, name="segment_bytes"):
     return byte_count(value, name, "no pipelining")
 
 
-def link_gbps(value, name="link_gbps"):
+def link_gbps(value: Any, name: str = "link_gbps") -> float | str | None:
     """Parse a link speed: a positive number of Gbit/s, ``"probe"`` (measure it), or None.
 
     Raises
@@ -155,20 +158,20 @@ def link_gbps(value, name="link_gbps"):
     return number
 
 
-def _gbit_rate(value, name="value"):
+def _gbit_rate(value: Any, name: str = "value") -> float | None:
     """A positive number of Gbit/s (``probe`` is not one)."""
     number = link_gbps(value, name)
-    if number == "probe":
+    if isinstance(number, str):  # "probe", the one text link_gbps returns
         raise ValueError(f"{name} must be a positive number of Gbit/s, got {value!r}")
     return number
 
 
-def file_path(value, name="value"):
+def file_path(value: Any, name: str = "value") -> str | None:
     """Parse a file path: the text, stripped; None when not given (never raises)."""
     return _text(value) or None
 
 
-def positive_int(value, name="value"):
+def positive_int(value: Any, name: str = "value") -> int | None:
     """Parse a positive integer; None when not given.
 
     Raises
@@ -184,7 +187,7 @@ def positive_int(value, name="value"):
     return number
 
 
-def period_seconds(value, name="value"):
+def period_seconds(value: Any, name: str = "value") -> float | None:
     """Parse a period: positive seconds; ``math.inf`` (off) for 0; None if not given.
 
     Raises
@@ -195,7 +198,7 @@ def period_seconds(value, name="value"):
     return _seconds(value, name, "off")
 
 
-def _path(value, name="value"):
+def _path(value: Any, name: str = "value") -> str | None:
     return _text(value) or None
 
 
@@ -204,7 +207,7 @@ class Variable:
     """One ``CCL_*`` variable: its parser, default and meaning (for the docs table)."""
 
     name: str
-    parse: object
+    parse: Callable[[Any, str], Any]
     default: str
     meaning: str
     tests_only: bool = False
@@ -284,7 +287,7 @@ VARIABLES = {v.name: v for v in (
 )}
 
 
-def read(name, environ=None):
+def read(name: str, environ: Mapping[str, Any] | None = None) -> Any:
     """The parsed value of variable ``name`` in ``environ`` (default ``os.environ``).
 
     Returns
@@ -315,10 +318,10 @@ def read(name, environ=None):
     return parsed
 
 
-_PARSED = {}
+_PARSED: dict[tuple[str, str | None], Any] = {}
 
 
-def read_or_none(name, environ=None):
+def read_or_none(name: str, environ: Mapping[str, Any] | None = None) -> Any:
     """:func:`read`, but None for a bad value (for reports; the collectives raise on it)."""
     try:
         return read(name, environ)
@@ -326,7 +329,7 @@ def read_or_none(name, environ=None):
         return None
 
 
-def check_environment(environ=None):
+def check_environment(environ: Mapping[str, Any] | None = None) -> ValueError | None:
     """Parse every ``CCL_*`` variable ccl reads; return the first error (None if all parse).
 
     The collectives put the outcome into their agreement, so that a bad
@@ -373,7 +376,7 @@ ONECCL_PREFIXES = ("CCL_ALLGATHER", "CCL_ALLREDUCE", "CCL_ALLTOALL", "CCL_REDUCE
                    "CCL_RS_")
 
 
-def is_oneccl_variable(name):
+def is_oneccl_variable(name: str) -> bool:
     """Whether ``name`` is one of Intel oneCCL's variables (left alone by ccl).
 
     >>> is_oneccl_variable("CCL_WORKER_COUNT"), is_oneccl_variable("CCL_TIMOUT")
@@ -382,14 +385,14 @@ def is_oneccl_variable(name):
     return name in ONECCL_VARIABLES or name.startswith(ONECCL_PREFIXES)
 
 
-def unknown_variables(environ=None):
+def unknown_variables(environ: Mapping[str, Any] | None = None) -> list[str]:
     """``CCL_*`` variables set in ``environ`` that neither ccl nor oneCCL knows, sorted."""
     env = os.environ if environ is None else environ
     return sorted(name for name in env if name.startswith("CCL_") and name not in VARIABLES
                   and not is_oneccl_variable(name))
 
 
-def warn_unknown(environ=None):
+def warn_unknown(environ: Mapping[str, Any] | None = None) -> None:
     """Warn once about every unknown ``CCL_*`` variable, with the closest known name."""
     for name in unknown_variables(environ):
         close = difflib.get_close_matches(name, VARIABLES, n=1)

@@ -4,6 +4,10 @@ Every collective raises the same exception class on every rank, so a
 ``try``/``except`` around a collective never leaves some ranks blocked.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __all__ = [
     "CCLError",
     "PayloadError",
@@ -75,7 +79,8 @@ class MismatchError(CCLError):
     ('shape', [[0], [1, 2, 3]])
     """
 
-    def __init__(self, message, field=None, ranks=None):
+    def __init__(self, message: str, field: str | None = None,
+                 ranks: list[list[int]] | dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.field = field
         self.ranks = ranks
@@ -134,7 +139,7 @@ class PeerError(CCLError, RuntimeError):
     [2]
     """
 
-    def __init__(self, message, ranks=None):
+    def __init__(self, message: str, ranks: list[int] | None = None) -> None:
         super().__init__(message)
         self.ranks = ranks
 
@@ -167,7 +172,8 @@ class LaunchError(CCLError, RuntimeError):
     4 1 SLURM_STEP_NUM_TASKS
     """
 
-    def __init__(self, message, expected=None, world_size=None, variable=None):
+    def __init__(self, message: str, expected: int | None = None, world_size: int | None = None,
+                 variable: str | None = None) -> None:
         super().__init__(message)
         self.expected = expected
         self.world_size = world_size

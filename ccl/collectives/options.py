@@ -10,6 +10,8 @@ environment when the call runs (``CCL_TIMEOUT``, ``CCL_SEGMENT_BYTES``,
 is reported through the agreement like any other bad argument.
 """
 
+from __future__ import annotations
+
 import dataclasses
 
 from .. import config
@@ -60,12 +62,12 @@ class Options:
     op: str = "sum"
     algorithm: str = "auto"
     check_finite: bool = False
-    timeout: object = None
-    partition_bytes: object = None
-    min_compress_bytes: object = None
-    segment_bytes: object = None
-    link_gbps: object = None
-    cross_algorithm: object = None
+    timeout: float | None = None
+    partition_bytes: int | None = None
+    min_compress_bytes: int | None = None
+    segment_bytes: int | None = None
+    link_gbps: float | str | None = None
+    cross_algorithm: str | None = None
 
     @classmethod
     def make(cls, codec=None, op="sum", algorithm="auto", check_finite=False, timeout=None,
