@@ -291,7 +291,7 @@ def test_report_targets_and_network_merge_from_recorded_rows(tmp_path):
     """The report's targets summary and its --only-network merge, on made-up rows (no runs)."""
     import argparse
 
-    from ccl.bench.report import NETWORK_NOTE, merge_network, render, targets_table
+    from tools.report import NETWORK_NOTE, merge_network, render, targets_table
 
     fit = dict(codec="3lc", algorithm="ring", segment_bytes=1 << 20, speedup=13.0, bound=1.1)
     auto = dict(codec="fp16", algorithm="auto", resolved="mpi", segment_bytes=None,

@@ -22,7 +22,7 @@ serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
                             reason="serial test: runs once, in the serial pass")
 
 SUBCOMMANDS = ("codecs", "accuracy", "diagnose", "gradients", "selection", "steady", "train", "lm",
-               "report", "cluster", "gpu")
+               "cluster", "gpu")
 
 
 @serial
@@ -40,6 +40,26 @@ def test_help_lists_every_subcommand():
     assert under_mpiexec.returncode == 0, under_mpiexec.stderr
     assert under_mpiexec.stdout.count("commands (") == 1  # rank 0 alone prints it
     assert under_mpiexec.stdout.count("show this help") == 1
+
+
+@serial
+def test_the_report_writer_is_a_script_of_the_repository_not_of_the_package():
+    """It only regenerates this repository's docs/benchmarks.md: tools/report, outside ccl."""
+    import importlib.util
+
+    assert importlib.util.find_spec("ccl.bench.report") is None
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    script = subprocess.run([sys.executable, "-m", "tools.report", "--help"],
+                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert script.returncode == 0, script.stderr
+    assert script.stdout.startswith("usage: python -m tools.report"), script.stdout
+    assert "--only-network" in script.stdout
+    # the old command says where the writer went instead of "unknown command"
+    old = subprocess.run([sys.executable, "-m", "ccl.bench", "report"], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=120)
+    assert old.returncode == 2 and "python -m tools.report" in old.stderr, old.stderr
+    assert "Traceback" not in old.stderr
 
 
 @serial

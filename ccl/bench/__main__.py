@@ -12,13 +12,17 @@ COMMANDS = {
     "steady": "ccl.bench.steady",        # no MPI: error feedback on real gradients, then zeros
     "train": "ccl.bench.train",          # under mpiexec: DDP hooks vs ccl codecs, time to accuracy
     "lm": "ccl.bench.lm",                # under mpiexec: a small transformer, optimizers compared
-    "report": "ccl.bench.report",        # regenerate docs/benchmarks.md (all of the above)
     "cluster": "ccl.bench.cluster",      # root: run a command on an emulated rate-limited cluster
     "gpu": "ccl.bench.gpu",              # GPU + cupy: device encode/decode GB/s vs a device copy
     "decisions": "ccl.bench.decisions",  # launches mpiexec itself: auto's decisions, run to run
     "gpu-allreduce": "ccl.bench.gpu_allreduce",  # under mpiexec: cupy arrays vs MPI_Allreduce
     "gpu-train": "ccl.bench.gpu_train",  # under mpiexec: optimizer steps on CUDA tensors
     "calibrate": "ccl.bench.calibrate",  # no MPI: the cost model's codec inputs, one core
+}
+# Commands that left the installed package, and what runs them now.
+MOVED = {
+    "report": "regenerating docs/benchmarks.md is a script of ccl's repository now: "
+              "from a source checkout's root, run python -m tools.report",
 }
 MPI_COMMANDS = ("allreduce", "accuracy", "diagnose", "train", "lm", "gpu-allreduce", "gpu-train")
 
@@ -32,7 +36,6 @@ SUMMARY = {
     "steady": "error feedback on real gradients, then on zeros; no MPI",
     "train": "DDP with its hooks against ccl's codecs: time to accuracy; under mpiexec",
     "lm": "a small transformer: exact AdamW, DistributedOptimizer, CompressedAdam; under mpiexec",
-    "report": "run the benchmarks and regenerate docs/benchmarks.md",
     "cluster": "run a command on an emulated cluster of rate-limited hosts; root",
     "gpu": "device encode/decode throughput against a device copy; GPU and cupy",
     "decisions": "launches the same job N times: does auto decide alike? (starts mpiexec)",
@@ -68,6 +71,9 @@ def main(argv=None):
     name = "allreduce"
     if argv and argv[0] in COMMANDS:
         name, argv = argv[0], argv[1:]
+    elif argv and argv[0] in MOVED:
+        sys.stderr.write(f"python -m ccl.bench {argv[0]}: {MOVED[argv[0]]}\n")
+        return 2
     elif argv and not argv[0].startswith("-"):
         sys.stderr.write(f"python -m ccl.bench: unknown command {argv[0]!r}\n{usage()}")
         return 2

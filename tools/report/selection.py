@@ -49,7 +49,7 @@ def selection_sections(args, tmp, log, have_torch):
     """Selection speed on Laplace data and, with torch, on real gradients.
 
     Uses ``args.quick``; arguments and result as every section's (see
-    :mod:`ccl.bench.report`), and ``have_torch`` says whether torch is installed (the
+    :mod:`tools.report`), and ``have_torch`` says whether torch is installed (the
     gradients need it). Returns a list of sections.
     """
     py = sys.executable

@@ -60,7 +60,7 @@ NETWORK_COLUMNS = [
 
 
 def _rate_gbps(rate):
-    from ..cluster import parse_rate, rate_bits_per_s
+    from ccl.bench.cluster import parse_rate, rate_bits_per_s
     return None if parse_rate(rate) is None else rate_bits_per_s(rate) / 1e9
 
 
@@ -78,7 +78,7 @@ def network_sections(args, tmp, log, img_dir):
     same emulated network; ``auto`` and the wire bound know the link rate
     (``--link-gbps``), except on shared memory, where it is unknown.
     """
-    from ..cluster import unavailable_reason
+    from ccl.bench.cluster import unavailable_reason
     py = sys.executable
     size = "4MB" if args.quick else args.network_size
     sections, measured = [], {}

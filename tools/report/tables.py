@@ -42,5 +42,5 @@ def config_label(row):
 
 def algorithm_label(row):
     """The allreduce benchmark's label of a row's algorithm (``auto→direct /seg 1MB``)."""
-    from ..allreduce import algorithm_label as label
+    from ccl.bench.allreduce import algorithm_label as label
     return label(row)

@@ -7,9 +7,10 @@ import subprocess
 import sys
 import time
 
-__all__ = ["HERE", "MPIEXEC", "benchmark_env", "run_benchmark"]
+__all__ = ["ROOT", "MPIEXEC", "benchmark_env", "run_benchmark"]
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # ccl/bench
+#: The repository root: the checkout whose ccl the benchmarks run and whose docs they write.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 
@@ -28,9 +29,8 @@ def benchmark_env(extra=None):
     """
     env = dict(os.environ, HYDRA_LAUNCHER="fork", NUMBA_NUM_THREADS="1",
                PYTHONUNBUFFERED="1", **(extra or {}))
-    # run the ccl this module belongs to, also from a source checkout
-    root = os.path.dirname(os.path.dirname(HERE))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    # run the ccl of this checkout, whichever ccl is installed
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     return env
 
 

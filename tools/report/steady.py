@@ -13,7 +13,7 @@ def steady_section(args, tmp, log):
     """Error feedback in steady state on real MLP, CNN and LM gradients (``ccl.bench steady``).
 
     Uses ``args.quick``; arguments and result as every section's (see
-    :mod:`ccl.bench.report`).
+    :mod:`tools.report`).
     """
     steps = ["--steps", "20", "--zero-steps", "20"] if args.quick else []
     rows, cmd = run_benchmark([sys.executable, "-m", "ccl.bench", "steady"] + steps,

@@ -27,7 +27,7 @@ def shared_memory_section(args, tmp, log, img_dir):
     """Every codec with every algorithm against ``MPI_Allreduce``, over ``args.sizes``.
 
     Uses ``args.ranks``, ``args.sizes`` and ``args.quick``; arguments and result as
-    every section's (see :mod:`ccl.bench.report`).
+    every section's (see :mod:`tools.report`).
     """
     sizes = args.sizes or (["256KB", "4MB"] if args.quick else ["4KB", "256KB", "4MB", "64MB"])
     rows, cmd = run_benchmark([MPIEXEC, "-n", str(args.ranks), sys.executable, "-m", "mpi4py",
@@ -47,7 +47,7 @@ def codecs_section(args, tmp, log):
     """Encode and decode GB/s of every codec on one core, next to a copy of the same array.
 
     Uses ``args.quick``; arguments and result as every section's (see
-    :mod:`ccl.bench.report`).
+    :mod:`tools.report`).
     """
     rows, cmd = run_benchmark([sys.executable, "-m", "ccl.bench", "codecs", "--elements",
                                str(1 << 20 if args.quick else 16 << 20)],

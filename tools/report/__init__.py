@@ -1,7 +1,8 @@
 """Regenerate ``docs/benchmarks.md``: every benchmark, its command, the machine, and plots.
 
-``python -m ccl.bench report [--quick] [--out docs/benchmarks.md]`` runs, each
-as its own process (MPI ones under the ``mpiexec`` next to this Python):
+A script of the repository, not of the installed package: from the
+repository root, ``python -m tools.report [--quick] [--out docs/benchmarks.md]``
+runs, each as its own process (MPI ones under the ``mpiexec`` next to this Python):
 
 1. compressed allreduce against ``MPI_Allreduce`` on shared memory;
 2. the same on emulated clusters (``ccl.bench.cluster``; needs root) at the
@@ -26,7 +27,7 @@ Each family of sections has its own module (``speed``, ``network``,
 arguments, ``tmp`` a folder for the benchmarks' rows, ``log`` a file that
 receives the commands and their output, ``img_dir`` where plots go. A
 section is returned as ``(title, command, text, table, image or None)``,
-which :func:`ccl.bench.report.page.render` turns into one ``## title``
+which :func:`tools.report.page.render` turns into one ``## title``
 block of the page.
 """
 
@@ -44,16 +45,16 @@ from .network import (AUTO_FLOOR, AUTO_RATES, BOUND_FACTOR, BOUND_TARGETS, NETWO
                       NETWORK_COLUMNS, NETWORK_SEGMENTS, SPEEDUP_TARGETS, TARGETS_TEXT,
                       network_sections, targets_table)
 from .page import NETWORK_NOTE, machine, merge_network, render
-from .runs import HERE, MPIEXEC
+from .runs import MPIEXEC, ROOT
 from .selection import SELECTION_TEXT, selection_sections
 from .speed import ALLREDUCE_COLUMNS, codecs_section, shared_memory_section
 from .steady import steady_section
 from .training import torch_section
 
 __all__ = ["ALLREDUCE_COLUMNS", "AUTO_FLOOR", "AUTO_RATES", "BOUND_FACTOR", "BOUND_TARGETS",
-           "HERE", "MPIEXEC", "NETWORK_CODECS", "NETWORK_COLUMNS", "NETWORK_NOTE",
-           "NETWORK_SEGMENTS", "SELECTION_TEXT", "SPEEDUP_TARGETS", "TARGETS_TEXT", "THC_BITS",
-           "THC_RANKS", "THC_VARIANTS", "build", "machine", "main", "merge_network",
+           "MPIEXEC", "NETWORK_CODECS", "NETWORK_COLUMNS", "NETWORK_NOTE",
+           "NETWORK_SEGMENTS", "ROOT", "SELECTION_TEXT", "SPEEDUP_TARGETS", "TARGETS_TEXT",
+           "THC_BITS", "THC_RANKS", "THC_VARIANTS", "build", "machine", "main", "merge_network",
            "network_sections", "render", "targets_table"]
 
 
@@ -98,7 +99,7 @@ def build(args, log):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m ccl.bench report",
+    parser = argparse.ArgumentParser(prog="python -m tools.report",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few steps")
     parser.add_argument("--ranks", type=int, default=4)

@@ -26,7 +26,7 @@ def accuracy_section(args, tmp, log):
     """Error of one allreduce, and of a running sum with error feedback, per algorithm.
 
     Uses ``args.ranks`` and ``args.quick``; arguments and result as every section's (see
-    :mod:`ccl.bench.report`).
+    :mod:`tools.report`).
     """
     rows, cmd = run_benchmark([MPIEXEC, "-n", str(args.ranks), sys.executable, "-m", "mpi4py",
                                "-m", "ccl.bench", "accuracy",
@@ -48,7 +48,7 @@ def gradients_section(args, tmp, log):
     """Codecs on the real per-layer gradients of an MLP (needs torch).
 
     Uses ``args.quick``; arguments and result as every section's (see
-    :mod:`ccl.bench.report`).
+    :mod:`tools.report`).
     """
     rows, cmd = run_benchmark([sys.executable, "-m", "ccl.bench", "gradients", "--steps",
                                "40" if args.quick else "200"],
@@ -69,7 +69,7 @@ def thc_section(args, tmp, log):
     """THC's error per bits setting at 2-5 ranks: homomorphic ring against decode and re-encode.
 
     Uses ``args.quick``; arguments and result as every section's (see
-    :mod:`ccl.bench.report`).
+    :mod:`tools.report`).
     """
     py = sys.executable
     # Every rank of every run would compile THC's kernels again (seconds each on a

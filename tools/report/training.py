@@ -13,7 +13,7 @@ def torch_section(args, tmp, log, img_dir):
     """ccl.torch.DistributedOptimizer per codec against DDP (gloo) hooks, same model and data.
 
     Uses ``args.ranks`` and ``args.quick``; arguments and result as every section's (see
-    :mod:`ccl.bench.report`).
+    :mod:`tools.report`).
     """
     plot = os.path.join(img_dir, "torch-digits.png")
     out, cmd = run_benchmark([MPIEXEC, "-n", str(args.ranks), sys.executable, "-m", "mpi4py",
