@@ -4,7 +4,7 @@ Two caches, one per side of the private duplicate:
 
 * :func:`comm_cache` is a dict kept on the *user's* communicator as an MPI
   attribute, so it is freed with it: it holds the communicator's channel
-  (:func:`ccl.transport.channel`) and the module-level functions'
+  (:func:`ccl.transport.channel.channel`) and the module-level functions'
   error-feedback state.
 * :class:`Measurements` is kept on a channel: what ``auto`` and the thread
   budget found about its ranks (the link, the latency, the share of cores,
@@ -18,7 +18,7 @@ Two caches, one per side of the private duplicate:
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Hashable, TypeVar
+from typing import Any, Callable, Hashable, TypeVar, cast
 
 from mpi4py import MPI
 
@@ -41,10 +41,10 @@ def _delete_cache(comm, keyval, cache):
             pass
 
 
-def comm_cache(comm: MPI.Comm) -> dict:
+def comm_cache(comm: MPI.Comm) -> _Cache:
     """The dict ccl keeps on the user's communicator ``comm`` (freed with it).
 
-    Holds the :class:`~ccl.transport.Channel` under ``"channel"`` and
+    Holds the :class:`~ccl.transport.channel.Channel` under ``"channel"`` and
     whatever else ccl keeps per communicator (the module-level functions'
     error-feedback state). Values with a ``free()`` method are freed when
     ``comm`` is. Its ``lock`` attribute guards the creation of entries.
@@ -53,7 +53,7 @@ def comm_cache(comm: MPI.Comm) -> dict:
     with _CACHE_LOCK:
         if _KEYVAL is None:
             _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_cache)
-        cache = comm.Get_attr(_KEYVAL)
+        cache = cast("_Cache | None", comm.Get_attr(_KEYVAL))
         if cache is None:
             cache = _Cache()
             comm.Set_attr(_KEYVAL, cache)

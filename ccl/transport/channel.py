@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from typing import Iterator, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -262,7 +262,8 @@ class Topology:
         # the agreement inside node_comm waits with the channel's deadline: every rank has
         # reached this point before the splits (which MPI offers only as blocking calls)
         local = launch.node_comm(channel.comm, wait=channel.wait)
-        cross = channel.comm.Split(local.Get_rank(), key=channel.rank)
+        # an intracommunicator's split is one (mpi4py's types say Comm)
+        cross = cast(MPI.Intracomm, channel.comm.Split(local.Get_rank(), key=channel.rank))
         self.local = Channel(local, duplicate=False, scope="its node")
         self.cross = Channel(cross, duplicate=False, scope="the ranks across nodes")
         # every rank learns every node's size: (first rank of my node, my node's size)

@@ -4,7 +4,7 @@ Each channel routes the payloads of its current collective through a
 :class:`Route`: host arrays go to MPI as they are, device arrays through the
 :class:`Stager` of their backend. A CUDA-aware MPI reads and writes device
 memory itself: ccl gives it the device payload once the stream that produced
-it has finished (:meth:`Backend.synchronize`), because mpi4py cannot see
+it has finished (``Backend.synchronize()``), because mpi4py cannot see
 cupy's streams. Any other MPI gets host memory: only the *compressed*
 payload is copied into a page-locked (pinned) host buffer, sent, received
 into another, and copied back to the device.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -31,7 +31,7 @@ __all__ = ["PinnedPool", "Stager", "Route", "cuda_aware", "detect_cuda_aware", "
 _MIN_CLASS = 1 << 12  # 4 KiB: smaller payloads share one class
 
 
-def size_class(nbytes):
+def size_class(nbytes: int) -> int:
     """The buffer size that serves ``nbytes``: the next power of two, at least 4 KiB."""
     return max(_MIN_CLASS, 1 << max(0, int(nbytes) - 1).bit_length())
 
@@ -51,12 +51,12 @@ class PinnedPool:
         Buffers allocated so far (a reused buffer is not counted again).
     """
 
-    def __init__(self, alloc):
+    def __init__(self, alloc: Callable[[int], np.ndarray]) -> None:
         self._alloc = alloc
-        self._free = {}
+        self._free: dict[int, list[np.ndarray]] = {}  # size class -> free buffers
         self.allocations = 0
 
-    def acquire(self, nbytes):
+    def acquire(self, nbytes: int) -> np.ndarray:
         """A buffer of at least ``nbytes`` bytes, reused when one of its class is free.
 
         Returns the whole buffer; slice ``[:nbytes]`` for the payload.
@@ -68,11 +68,11 @@ class PinnedPool:
         self.allocations += 1
         return self._alloc(cls)
 
-    def release(self, buf):
+    def release(self, buf: np.ndarray) -> None:
         """Return ``buf`` (from :meth:`acquire`) for reuse."""
         self._free.setdefault(buf.size, []).append(buf)
 
-    def held_bytes(self):
+    def held_bytes(self) -> int:
         """Bytes of free buffers kept for reuse."""
         return sum(size * len(bufs) for size, bufs in self._free.items())
 
@@ -95,11 +95,11 @@ class Stager:
     every request that used them has completed.
     """
 
-    def __init__(self, backend, aware, pool=None):
+    def __init__(self, backend: Backend, aware: bool, pool: PinnedPool | None = None) -> None:
         self.backend = backend
         self.aware = aware
         self.pool = PinnedPool(backend.pinned_empty) if pool is None else pool
-        self._held = []
+        self._held: list[np.ndarray] = []  # given out during the current collective
 
     def _stage(self, nbytes):
         buf = self.pool.acquire(nbytes)
@@ -116,7 +116,7 @@ class Stager:
             self.backend.download(payload, host)
         return host
 
-    def recv_buffer(self, nbytes):
+    def recv_buffer(self, nbytes: int):
         """A buffer MPI can receive ``nbytes`` into."""
         if self.aware:
             buf = self.backend.xp.empty(nbytes, dtype=np.uint8)
@@ -133,7 +133,7 @@ class Stager:
             self.backend.upload(out, buf)
         return out
 
-    def release_all(self, reuse=True):
+    def release_all(self, reuse: bool = True) -> None:
         """Give every staging buffer back to the pool (all requests have completed).
 
         ``reuse=False`` forgets them instead: a send that may still read one
@@ -270,7 +270,9 @@ def _memory_kinds():
         return ""
 
 
-def detect_cuda_aware(environ=None, query=None, memory_kinds=None):
+def detect_cuda_aware(environ: Mapping[str, str] | None = None,
+                      query: Callable[[], bool | None] | None = None,
+                      memory_kinds: Callable[[], str] | None = None) -> bool:
     """Whether the MPI library can send and receive device memory.
 
     The order, from the most to the least reliable (docs/gpu.md):
@@ -310,7 +312,7 @@ def detect_cuda_aware(environ=None, query=None, memory_kinds=None):
 _DETECTED = None
 
 
-def cuda_aware():
+def cuda_aware() -> bool:
     """:func:`detect_cuda_aware`, decided once per process (``CCL_CUDA_AWARE`` is read then)."""
     global _DETECTED
     if _DETECTED is None:

@@ -22,6 +22,8 @@ package; that name still works, with a ``DeprecationWarning``).
 channel itself is being created).
 """
 
+from __future__ import annotations
+
 import contextlib
 import math
 import os
@@ -58,7 +60,7 @@ _yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))
 _STALL = {"default": STALL_DEFAULT_S}
 
 
-def stall_period():
+def stall_period() -> float:
     """Seconds after which a wait warns (``math.inf``: never), from ``CCL_STALL_CHECK_SECONDS``.
 
     A bad value is reported by the argument check of the collective (every
@@ -68,7 +70,7 @@ def stall_period():
     return _STALL["default"] if value is None else value
 
 
-def set_default_stall_period(seconds):
+def set_default_stall_period(seconds: float | None) -> None:
     """Use ``seconds`` (``math.inf``: never warn) where ``CCL_STALL_CHECK_SECONDS`` is unset.
 
     ``ccl.torch`` sets it from Horovod's ``HOROVOD_STALL_CHECK_TIME_SECONDS``
@@ -78,7 +80,7 @@ def set_default_stall_period(seconds):
     _STALL["default"] = STALL_DEFAULT_S if seconds is None else float(seconds)
 
 
-def world_ranks(comm):
+def world_ranks(comm: MPI.Comm) -> list[int]:
     """The ``MPI.COMM_WORLD`` rank of every rank of ``comm`` (local: no communication)."""
     size = comm.Get_size()
     group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
@@ -99,7 +101,15 @@ class Waiting:
     :meth:`init_waiting` once.
     """
 
-    def init_waiting(self, scope=None):
+    # set by the subclass (declared for readers and type checkers)
+    comm: MPI.Intracomm
+    rank: int
+    size: int
+    timeout: float | None
+    activity: str
+    calls: int
+
+    def init_waiting(self, scope: str | None = None) -> None:
         """Set up the reports' rank names and the stall notices (``scope``: e.g. "its node")."""
         self.world = world_ranks(self.comm)
         # on a communicator of every rank in world order, ranks are named plainly
@@ -107,11 +117,11 @@ class Waiting:
         self.scope = scope
         self.stall = STALL_DEFAULT_S
         self._stall_tag = None
-        self._notices = []  # (request, buffer) of stall notices in flight
+        self._notices: list[tuple[MPI.Request, np.ndarray]] = []  # stall notices in flight
         self._noticed = -1  # the call this rank last sent a notice for
-        self._seen = {}  # rank -> the call it said it waits in, during this call
+        self._seen: dict[int, int] = {}  # rank -> the call it said it waits in, this call
 
-    def who(self, rank):
+    def who(self, rank: int) -> str:
         """``rank`` of this communicator, named by its world rank."""
         if self._plain:
             return f"rank {rank}"
@@ -158,12 +168,12 @@ class Waiting:
                         "the MPI library could not complete the transfer, which usually means "
                         "a peer rank died")
 
-    def wait(self, request, what):
+    def wait(self, request: MPI.Request, what: str) -> None:
         """Wait for one request, polling against the deadline."""
         with self._reporting(what), trace.span("WIRE", "wait", what=what):
             self._poll(request.Test, what)
 
-    def wait_spinning(self, request, what):
+    def wait_spinning(self, request: MPI.Request, what: str) -> None:
         """Wait for one request without yielding the core (for timed waits), with the deadline."""
         with self._reporting(what):
             self._poll(request.Test, what, spin=True)
@@ -223,14 +233,15 @@ class Waiting:
                 request = self.comm.Isend([buf, MPI.INT64_T], peer, self._notice_tag())
                 self._notices.append((request, buf))
 
-    def drain(self):
+    def drain(self) -> dict[int, int]:
         """Receive the stall notices that arrived; return ``{rank: its call}``.
 
         Called by the stall inspector, and every ``DRAIN_EVERY`` collectives
         by the channel, so that notices of a stall that ended never pile up
         in the MPI library's queue of unexpected messages.
         """
-        seen, status = {}, MPI.Status()
+        seen: dict[int, int] = {}
+        status = MPI.Status()
         while True:
             message = self.comm.Improbe(MPI.ANY_SOURCE, self._notice_tag(), status)
             if message is None:
@@ -262,7 +273,7 @@ class Waiting:
         text += ". CCL_STALL_CHECK_SECONDS sets this period (0: off)."
         warnings.warn(text, RuntimeWarning, stacklevel=2)
 
-    def forget_stalls(self):
+    def forget_stalls(self) -> None:
         """Start a collective with no stall notices remembered (called as one begins)."""
         self._seen = {}
         if self.calls % DRAIN_EVERY == 0:
@@ -291,7 +302,8 @@ class _Pending(Waiting):
                       stacklevel=2)
 
 
-def wait_for(comm, request, what, activity, timeout):
+def wait_for(comm: MPI.Intracomm, request: MPI.Request, what: str, activity: str,
+             timeout: float | None) -> None:
     """Wait for ``request`` on ``comm`` with the deadline and the report of a channel.
 
     Parameters
