@@ -8,7 +8,7 @@ CPU-only install never loads it.
 A :class:`Backend` bundles what the rest of ccl needs from an array library:
 the array namespace ``xp`` (``numpy`` or ``cupy``), whether arrays live on a
 device (kernels are then numba.cuda kernels and payloads go to MPI through
-:mod:`ccl._staging`), and the few copies between host and device. Everything
+:mod:`ccl.transport.staging`), and the few copies between host and device. Everything
 device-specific beyond that lives in :class:`_CupyBackend`, kept thin because
 it only runs where a GPU is present.
 

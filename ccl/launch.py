@@ -50,8 +50,8 @@ from . import config
 from .agreement import agree
 from .errors import LaunchError
 
-__all__ = ["launcher_world_size", "check_launch", "local_size_override", "node_comm",
-           "node_local_rank"]
+__all__ = ["launcher_world_size", "check_launch", "check_launch_once", "local_size_override",
+           "node_comm", "node_local_rank"]
 
 # (variable, who sets it), innermost launcher first: an mpiexec started inside an
 # srun step sees the step's SLURM_STEP_NUM_TASKS too, but its own PMI_SIZE wins.
@@ -166,6 +166,22 @@ def check_launch(world_size=None, environ=None):
     by_srun = str(env.get("SLURM_STEP_NUM_TASKS", "")).strip() == str(expected)
     raise LaunchError(_message(expected, variable, _library(), by_srun), expected=expected,
                       world_size=world_size, variable=variable)
+
+
+_PASSED = False  # check_launch passed once in this process
+
+
+def check_launch_once():
+    """:func:`check_launch`, until it has passed once in this process (then nothing).
+
+    ccl's channels run it after their creation, whose agreement has checked
+    every ``CCL_*`` variable on every rank: a process whose world is right
+    checks once, and one caught in the trap raises at every call.
+    """
+    global _PASSED
+    if not _PASSED:
+        check_launch()
+        _PASSED = True
 
 
 def local_size_override(environ=None):

@@ -148,9 +148,10 @@ def channel_budget(channel):
     pool size (``NUMBA_NUM_THREADS``, what :func:`budgeted` can set: the
     threads the kernels really run on); ``share`` is the smallest
     :func:`fair_share` of any rank, agreed so that ``auto`` decides alike
-    everywhere.
+    everywhere. Kept in the channel's measurements
+    (:class:`ccl.transport.cache.Measurements`).
     """
-    if channel.thread_budget is None:
+    def find():
         cores = available_cores()
         ranks = ranks_on_machine(channel.comm, channel.wait)
         shares = np.empty(1)
@@ -159,8 +160,8 @@ def channel_budget(channel):
         threads = budget(cores, ranks)
         if threads is not None:
             threads = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
-        channel.thread_budget = (threads, float(shares[0]))
-    return channel.thread_budget
+        return threads, float(shares[0])
+    return channel.measured.thread_budget(find)
 
 
 #: Seconds :func:`cores_share` watches the machine while this communicator's ranks sleep.
@@ -243,11 +244,11 @@ def cores_share(channel, measure=True):
         ``share`` (agreed), ``cores``, ``ranks_on_machine`` and
         ``other_cores`` (the most any rank measured; None when not measured).
     """
-    cached = getattr(channel, "cores_share", None)
-    if cached is not None and (cached["other_cores"] is not None or not measure):
-        return cached
-    from mpi4py import MPI
+    return channel.measured.cores_share(lambda measure: _cores_share(channel, measure), measure)
 
+
+def _cores_share(channel, measure):
+    """:func:`cores_share`, found now (collective)."""
     cores = available_cores()
     ranks = ranks_on_machine(channel.comm, channel.wait)
     others = None
@@ -264,10 +265,8 @@ def cores_share(channel, measure=True):
     mine = np.array([min(1.0, cores / max(1.0, ranks + (others or 0.0))), -(others or 0.0)])
     agreed = np.empty(2)
     channel.wait(channel.comm.Iallreduce(mine, agreed, op=MPI.MIN), "the cores of every rank")
-    channel.cores_share = {"share": float(agreed[0]), "cores": cores,
-                           "ranks_on_machine": ranks,
-                           "other_cores": None if others is None else float(-agreed[1])}
-    return channel.cores_share
+    return {"share": float(agreed[0]), "cores": cores, "ranks_on_machine": ranks,
+            "other_cores": None if others is None else float(-agreed[1])}
 
 
 @contextlib.contextmanager

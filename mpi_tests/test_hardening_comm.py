@@ -18,7 +18,7 @@ import pytest
 from mpi4py import MPI
 
 import ccl
-from ccl import transport
+from ccl import launch, transport
 from conftest import assert_same_on_all_ranks, rank_input
 
 # (variable, a bad value): every CCL_* variable ccl reads
@@ -44,7 +44,7 @@ def test_a_bad_variable_on_one_rank_raises_everywhere_at_the_first_call(comm, mo
                                                                         name, value):
     bad = comm.size - 1
     # the launch check runs before the first channel of a process: it reads its variable
-    monkeypatch.setattr(transport, "_LAUNCH_CHECKED", False)
+    monkeypatch.setattr(launch, "_PASSED", False)
     if comm.rank == bad:
         monkeypatch.setenv(name, value)
     x = rank_input(comm.rank, 1000)
@@ -140,7 +140,7 @@ def test_the_stall_inspector_names_the_rank_that_has_not_joined(comm, monkeypatc
 
 
 def test_the_stall_period_follows_its_variable(monkeypatch):
-    from ccl import waits
+    from ccl.transport import waits
 
     monkeypatch.delenv("CCL_STALL_CHECK_SECONDS", raising=False)
     assert waits.stall_period() == 60

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import ccl.torch as ct  # noqa: E402
-from ccl import waits  # noqa: E402
+from ccl.transport import waits  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 

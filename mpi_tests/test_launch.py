@@ -8,7 +8,7 @@ import pytest
 from mpi4py import MPI
 
 import ccl
-from ccl import launch, transport
+from ccl import launch
 from ccl.bench.__main__ import main as bench_main
 
 LAUNCH_VARIABLES = [name for name, _ in launch.LAUNCH_VARIABLES]
@@ -91,7 +91,7 @@ def test_message_names_the_fix_for_the_loaded_library(monkeypatch, library, lead
 def test_the_first_collective_raises_on_the_trap(clean_env):
     if MPI.COMM_WORLD.size != 1:
         pytest.skip("needs a 1-rank world")
-    clean_env.setattr(transport, "_LAUNCH_CHECKED", False)
+    clean_env.setattr(launch, "_PASSED", False)
     clean_env.setenv("SLURM_STEP_NUM_TASKS", "4")
     x = np.ones(5, np.float32)
     for _ in range(2):  # still raises on the next call: the check is not marked passed
@@ -100,7 +100,7 @@ def test_the_first_collective_raises_on_the_trap(clean_env):
     clean_env.setenv("CCL_SKIP_LAUNCH_CHECK", "1")
     y = ccl.compressed_allreduce(x, "none", comm=MPI.COMM_SELF, algorithm="ring")
     np.testing.assert_array_equal(y, x)
-    assert transport._LAUNCH_CHECKED
+    assert launch._PASSED
 
 
 def test_bench_cli_refuses_to_measure_singletons(clean_env, capsys):

@@ -277,3 +277,28 @@ def test_long_modules_are_still_long():
     """Every entry of LONG_MODULES is still over the limit (delete those that were split)."""
     stale = sorted(set(LONG_MODULES) - set(_long_modules_of_ccl()))
     assert not stale, f"short enough now, remove from LONG_MODULES: {stale}"
+
+
+# The transport moves bytes between ranks: it sits below the collectives and everything built
+# on them, and knows nothing of codecs, algorithms, error feedback, threads or torch.
+TRANSPORT = "ccl.transport"
+ABOVE_TRANSPORT = ("ccl.collectives", "ccl.codecs", "ccl.feedback", "ccl.threads", "ccl.torch",
+                   "ccl.bench", "ccl.api", "ccl.communicator")
+
+
+def _within(module, package):
+    return module == package or module.startswith(package + ".")
+
+
+def imports_above(graph, package, above):
+    """``{(module, imported)}``: a module of ``package`` importing one of the packages ``above``."""
+    return {(module, dep) for module, deps in graph.items() if _within(module, package)
+            for dep in deps if any(_within(dep, a) for a in above)}
+
+
+def test_the_transport_imports_nothing_above_it():
+    made_up = {"p": {"p.a"}, "p.a": {"q.b", "r"}, "q.b": {"p.a"}, "pq": {"q"}}
+    assert imports_above(made_up, "p", ("q",)) == {("p.a", "q.b")}
+    found = imports_above(import_graph(), TRANSPORT, ABOVE_TRANSPORT)
+    assert not found, "the transport imports modules above it: " + \
+        ", ".join(f"{m} imports {d}" for m, d in sorted(found))

@@ -11,11 +11,12 @@ import sys
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
-from ccl import _staging
-from ccl._staging import PinnedPool, Stager, detect_cuda_aware, size_class
-from ccl._xp import SIMULATED
+import ccl
+from ccl._xp import SIMULATED, simulated_device
 from ccl.transport import channel
+from ccl.transport.staging import PinnedPool, Route, Stager, detect_cuda_aware, size_class
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -114,9 +115,8 @@ def test_staged_payloads_land_intact(comm, aware):
     ch = channel(comm)
     pool_before = None
     for call in range(3):
-        ch.begin("staging test", None)
-        ch.use_backend(SIMULATED, aware=aware)
-        try:
+        with ch.collective("staging test", None):
+            ch.use_backend(SIMULATED, aware=aware)
             p, r = ch.size, ch.rank
             mine = np.full(100 + 37 * r + call, r + 1, dtype=np.uint8)
             got = ch.sendrecv(mine, (r + 1) % p, (r - 1) % p, 7)
@@ -129,12 +129,38 @@ def test_staged_payloads_land_intact(comm, aware):
             assert np.array_equal(root, np.full(100 + 37 * (p - 1) + call, p, np.uint8))
             total = ch.allreduce_sum(np.full(5, r, np.float32))
             assert np.array_equal(total, np.full(5, p * (p - 1) / 2, np.float32))
-        finally:
-            ch.end()
-        stager = ch._stagers[("simulated", aware)]
+        assert ch.route.current is None  # the collective ended: back to host memory
+        stager = ch.route.stager("simulated", aware)
         if aware:
             assert stager.pool.allocations == 0
         elif pool_before is None:
             pool_before = stager.pool.allocations
         else:  # later calls reuse the pinned buffers of the first
             assert stager.pool.allocations == pool_before
+
+
+@pytest.mark.mpi
+def test_every_step_of_hierarchical_routes_device_arrays(comm, monkeypatch):
+    """The node's reduce-scatter and its allgather both take the device route.
+
+    Each step of ``hierarchical`` is a collective of its own on the node's
+    channel, which goes back to host memory when a collective ends: the
+    allgather once ran on the host route with device arrays, handing MPI
+    device memory it cannot read (without CUDA-aware MPI).
+    """
+    # one node of every rank: nothing is compressed, so no device kernel runs here
+    monkeypatch.setenv("CCL_LOCAL_SIZE", str(MPI.COMM_WORLD.size))
+    routes = []
+    uncompressed = Route.uncompressed
+
+    def recording(route, x, run):
+        routes.append(route.current is not None)
+        return uncompressed(route, x, run)
+
+    monkeypatch.setattr(Route, "uncompressed", recording)
+    x = np.arange(40, dtype=np.float32) + comm.rank
+    with simulated_device():
+        y = ccl.compressed_allreduce(x, "fp16", comm=comm, algorithm="hierarchical")
+    assert routes == [True, True]  # the reduce-scatter, then the allgather
+    p = comm.size
+    np.testing.assert_array_equal(y, p * np.arange(40, dtype=np.float32) + p * (p - 1) / 2)

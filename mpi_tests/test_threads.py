@@ -140,7 +140,7 @@ def test_auto_weighs_the_agreed_share(comm):
     """The share of cores ``auto`` uses is the same on every rank."""
     c = ccl.Communicator(comm, codec="fp16", min_compress_bytes=0)
     c.allreduce(np.ones(10, np.float32))
-    share = c._channel.thread_budget[1]
+    share = c._channel.measured.thread_budget()[1]
     shares = comm.allgather(share)
     assert len(set(shares)) == 1
     assert share == threads.fair_share(threads.available_cores(), comm.size)

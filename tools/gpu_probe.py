@@ -46,7 +46,7 @@ def mpi_info():
     import mpi4py
     from mpi4py import MPI
 
-    from ccl._staging import detect_cuda_aware
+    from ccl.transport.staging import detect_cuda_aware
 
     with open("/proc/self/maps", encoding="utf-8") as maps:  # the library files loaded
         libmpi = sorted({line.split()[-1] for line in maps if "libmpi" in line})

@@ -11,7 +11,7 @@ each size. Per size, in one run:
   a CUDA-aware MPI does it: device to page-locked host memory, ``MPI_Allreduce``
   in place, back to the device;
 - ``mpi-device``: ``MPI_Allreduce`` on the device buffers themselves, only
-  where the MPI library is CUDA-aware (:func:`ccl._staging.cuda_aware`);
+  where the MPI library is CUDA-aware (:func:`ccl.transport.staging.cuda_aware`);
 - ``ccl``: :func:`ccl.compressed_allreduce` with each codec and algorithm
   (device kernels; the payloads staged or handed over as the library allows).
 
@@ -37,7 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ccl
-from ccl._staging import cuda_aware
+from ccl.transport.staging import cuda_aware
 from ccl._xp import backend_of, simulated_device, to_numpy
 from ccl.codecs import get_codec
 from ccl.bench.gpu import (DEFAULT_SPECS, gpu_missing, parse_size, simulator_missing,

@@ -149,6 +149,26 @@ class Call:
         self.cross = None
         self.segment_bytes = None
 
+    @classmethod
+    def for_algorithm(cls, module, channel, codec, x, *, tag, step, key, state, offset=0,
+                      chunk_base=0, segment_bytes=None):
+        """The call that runs the algorithm ``module`` on this rank's ``x`` over ``channel``.
+
+        The one set-up of a call, for the planner and for the algorithms that
+        run another one inside (``hierarchical`` across nodes): a chunked
+        algorithm (``module.CHUNKED``) cuts ``x`` into one chunk per rank of
+        ``channel``, each into :func:`segment_count` segments of about
+        ``segment_bytes`` of payload; the others take ``x`` whole. The other
+        arguments are :class:`Call`'s.
+        """
+        parts = channel.size if module.CHUNKED else 1
+        segments = (segment_count(x.size, parts, segment_bytes, codec.bits_per_value)
+                    if module.CHUNKED else 1)
+        call = cls(channel, codec, x.size, parts, tag, step, key, state, offset, chunk_base,
+                   segments, x=x)
+        call.segment_bytes = segment_bytes
+        return call
+
     # ------------------------------------------------------------------ chunks
     def chunk(self, x, j):
         """View of chunk ``j`` of the 1-D array ``x``."""

@@ -28,10 +28,12 @@ A timeout report inside a node or across names the world ranks involved
 (the node's own communicator numbers them from 0).
 """
 
+import contextlib
+
 import numpy as np
 from mpi4py import MPI
 
-from .base import Call, chunk_bounds, segment_count
+from .base import Call, chunk_bounds
 
 __all__ = ["allreduce", "CHUNKED", "check_topology"]
 
@@ -58,8 +60,6 @@ def allreduce(call, x):
     local, cross = topology.local, topology.cross
     bounds = chunk_bounds(x.size, local.size)
     start = int(bounds[local.rank])
-    for channel in (local, cross):
-        channel.use_backend(call.channel.backend)
     sent_before = local.bytes_sent + cross.bytes_sent
     plain_before = local.plain_bytes_sent + cross.plain_bytes_sent
     try:
@@ -71,46 +71,44 @@ def allreduce(call, x):
                                           - plain_before)
 
 
+@contextlib.contextmanager
+def _step(call, channel):
+    """One step of the call on the node's or the cross-node ``channel``, as a collective there.
+
+    With the call's report and deadline, and its payloads routed for the
+    call's arrays: a channel goes back to host memory when a collective
+    ends, so each step routes its own.
+    """
+    with channel.collective(call.channel.activity, call.channel.timeout) as tag:
+        channel.use_backend(call.channel.backend)
+        yield tag
+
+
 def _three_steps(call, x, local, cross, bounds, start):
     """Reduce-scatter in the node, the compressed allreduce across, allgather in the node."""
-    timeout, activity = call.channel.timeout, call.channel.activity
-    local.begin(activity, timeout)
-    try:
+    with _step(call, local):
         part = local.reduce_scatter_sum(x, bounds)
-    finally:
-        local.end()
     if cross.size == 1:
         # one node: no link between nodes to spare, so nothing is compressed; the node's
         # exact sum is the result (a keyed call then holds no residual)
         return _allgather_in_node(call, x, local, part, 0, bounds)
-    module = call.cross
-    parts = cross.size if module.CHUNKED else 1
-    segments = (segment_count(part.size, parts, call.segment_bytes, call.codec.bits_per_value)
-                if module.CHUNKED else 1)
-    tag = cross.begin(activity, timeout)
-    completed = False
-    try:
-        inner = Call(cross, call.codec, part.size, parts, tag, call.step, call.key, call.state,
-                     call.offset + start, call.chunk_base, segments, x=part)
+    with _step(call, cross) as tag:
+        inner = Call.for_algorithm(call.cross, cross, call.codec, part, tag=tag, step=call.step,
+                                   key=call.key, state=call.state, offset=call.offset + start,
+                                   chunk_base=call.chunk_base, segment_bytes=call.segment_bytes)
         if call.codec.shared_statistics:
             inner.agree_shared_stats(part)
-        mine = module.allreduce(inner, part)
-        completed = True
-    finally:
-        cross.end(completed)
+        mine = call.cross.allreduce(inner, part)
     call.take_over(inner)
     return _allgather_in_node(call, x, local, mine, inner.flags, bounds)
 
 
 def _allgather_in_node(call, x, local, mine, flags, bounds):
     """Share the flags of every slice in the node, then allgather the node's slices."""
-    local.begin(call.channel.activity, call.channel.timeout)
-    try:
+    with _step(call, local):
         # every rank of the node learns the flags of every slice, so all raise alike
         flags = np.array([flags], dtype=np.int64)
         local.wait(local.comm.Iallreduce(MPI.IN_PLACE, [flags, MPI.INT64_T], op=MPI.BOR),
                    "the node's result flags")
         call.flags |= int(flags[0])
         return local.allgather_blocks(mine.astype(x.dtype, copy=False), bounds)
-    finally:
-        local.end()

@@ -1,7 +1,8 @@
 """What ``auto`` knows of a communicator's network and cores: its link profile.
 
 :func:`profile` returns the figures ``auto``'s cost model decides from, the
-same on every rank, found once per communicator and kept on its channel:
+same on every rank, found once per communicator and kept in its channel's
+measurements (:class:`ccl.transport.cache.Measurements`):
 
 1. **Given.** ``link_gbps=`` or ``CCL_LINK_GBPS``: that speed, as given.
 2. **One node.** Every rank of the communicator on one node (shared memory,
@@ -153,9 +154,11 @@ def profile(channel, given=None):
     ValueError
         On every rank, if rank 0's ``CCL_LINK_PROFILE`` file is not a link profile.
     """
-    found = channel.link_profiles.get(given)
-    if found is not None:
-        return found
+    return channel.measured.profile(given, lambda: _profile(channel, given))
+
+
+def _profile(channel, given):
+    """:func:`profile`, found now (collective)."""
     node_sizes = list(channel.topology().node_sizes)
     one_node = len(node_sizes) == 1 and given != "probe"
     spread = 1.0
@@ -173,10 +176,8 @@ def profile(channel, given=None):
             (link, spread), latency, source = _link(channel), _latency(channel), "measured"
             if path:  # rank 0's
                 write_profile(path, link, latency, channel.size, node_sizes, spread)
-    found = {"link_gbps": link, "link_source": source, "latency_s": latency, "spread": spread,
-             "nodes": node_sizes, **cores_share(channel, measure=not one_node)}
-    channel.link_profiles[given] = channel.link_profile = found
-    return found
+    return {"link_gbps": link, "link_source": source, "latency_s": latency, "spread": spread,
+            "nodes": node_sizes, **cores_share(channel, measure=not one_node)}
 
 
 def decision_stats(channel, record, given=None):
@@ -206,15 +207,15 @@ def decision_stats(channel, record, given=None):
     for (algorithm, reason), calls in record.items():
         algorithms[algorithm] += calls
         decisions.setdefault(algorithm, {})[reason] = calls
-    found = channel.link_profile
-    budget = channel.thread_budget
+    found = channel.measured.latest_profile
+    budget = channel.measured.thread_budget()
     link = given if isinstance(given, float) else None
     if link is None and found is not None:
         link = found["link_gbps"]
     if found is not None:
         found = {**found, "nodes": list(found["nodes"]), "codec_gbps": {
-            f"{channel.codec_names[key]} {key:016x}": list(speeds)
-            for key, speeds in channel.codec_speeds.items()}}
+            f"{codec_id} {key:016x}": list(speeds)
+            for key, (codec_id, speeds) in channel.measured.codec_speeds_found().items()}}
     return {"algorithms": dict(algorithms), "decisions": decisions, "auto": found,
             "link_gbps": link, "threads": None if budget is None else budget[0]}
 
@@ -223,7 +224,7 @@ def codec_speeds(channel, codec):
     """``(encode_gbps, decode_gbps)`` of ``codec`` as every rank runs it now, agreed.
 
     Collective the first time per communicator and codec configuration
-    (then cached on the channel). Every rank encodes and decodes
+    (then kept in the channel's measurements). Every rank encodes and decodes
     :data:`CODEC_SAMPLE` standard-normal float32 values (SIDCo-like codecs
     vary with the data: this is a typical case, not a bound) after a
     barrier, with the numba threads the call would use, :data:`CODEC_ROUNDS`
@@ -232,10 +233,12 @@ def codec_speeds(channel, codec):
     compresses only where that still wins). GB/s of float32 input, like the
     codec's stated ``encode_gbps``.
     """
-    key = codec.config_hash
-    found = channel.codec_speeds.get(key)
-    if found is not None:
-        return found
+    return channel.measured.codec_speeds(codec.config_hash,
+                                         lambda: (codec.codec_id, _codec_speeds(channel, codec)))
+
+
+def _codec_speeds(channel, codec):
+    """:func:`codec_speeds`, measured now (collective)."""
     x = np.random.default_rng([7, channel.rank]).standard_normal(CODEC_SAMPLE)
     x = x.astype(np.float32)
     codec = get_codec(codec.get_config())  # a copy: the sample must not adapt the call's codec
@@ -254,21 +257,15 @@ def codec_speeds(channel, codec):
 
     channel.wait(channel.comm.Iallreduce(times, slowest, op=MPI.MAX), "the codec's speed")
     encode_s, decode_s = slowest.max(axis=0)
-    found = (float(x.nbytes / max(encode_s, 1e-9) / 1e9),
-             float(x.nbytes / max(decode_s, 1e-9) / 1e9))
-    channel.codec_speeds[key], channel.codec_names[key] = found, codec.codec_id
-    return found
+    return (float(x.nbytes / max(encode_s, 1e-9) / 1e9),
+            float(x.nbytes / max(decode_s, 1e-9) / 1e9))
 
 
 def _latency(channel):
-    if channel.probed_latency is None:
-        # its waits honour the call's timeout
-        channel.probed_latency = auto.probe_latency(channel.comm, wait=channel.wait_spinning)
-    return channel.probed_latency
+    # its waits honour the call's timeout
+    return channel.measured.latency(
+        lambda: auto.probe_latency(channel.comm, wait=channel.wait_spinning))
 
 
 def _link(channel):
-    if channel.probed_link_gbps is None:
-        channel.probed_link_gbps, channel.probed_spread = auto.probe_link(
-            channel.comm, wait=channel.wait_spinning)
-    return channel.probed_link_gbps, channel.probed_spread
+    return channel.measured.link(lambda: auto.probe_link(channel.comm, wait=channel.wait_spinning))

@@ -32,7 +32,7 @@ from ..codecs.header import FLAG_FAILED, FLAG_OVERFLOW
 from ..errors import CompressionOverflowError, NonFiniteError, PeerError
 from ..threads import budgeted, channel_budget
 from . import auto, link
-from .base import DEFAULT_SEGMENT_BYTES, Call, segment_count
+from .base import DEFAULT_SEGMENT_BYTES, Call
 from .algorithms import ALGORITHMS, REDUCE_SCATTER
 
 __all__ = ["run", "Request", "pieces"]
@@ -243,33 +243,35 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
             request.codec.check_error_feedback()
         except ValueError as exc:
             request.error = exc
-    tag = channel.begin(f"{collective}(key={key!r})", request.timeout)
     completed = False
     began, sent, plain = trace.now(), channel.bytes_sent, channel.plain_bytes_sent
-    algorithm = None
+    algorithm = tag = None
     try:
-        step = feedback.step(key) if key is not None else channel.calls
-        with trace.span("NEGOTIATE", collective):
-            flagged = agree(channel.comm, collective, request.fields(key, step), request.error,
-                            [("nonfinite", request.nonfinite)], wait=channel.wait)
-        if flagged["nonfinite"]:
-            raise NonFiniteError(f"NaN or Inf in the input of rank(s) {flagged['nonfinite']} "
-                                 f"to {collective} (check_finite=True)")
-        threads = channel_budget(channel)[0]  # collective at a channel's first call
-        algorithm = request.resolve(channel)
-        if record is not None:
-            record[algorithm, request.reason] += 1
-        # MPI's own allreduce runs no kernel: it needs no thread budget (setting one costs
-        # more than a small call's reduction)
-        sent, plain = channel.bytes_sent, channel.plain_bytes_sent
-        with budgeted(None if algorithm == "mpi" else threads):
-            total = _reduce(channel, feedback, request, algorithm, key, step, tag)
-        if request.codec.identity:  # its payloads are the values themselves: all sent plain
-            channel.plain_bytes_sent = plain + channel.bytes_sent - sent
-        completed = True
+        with channel.collective(f"{collective}(key={key!r})", request.timeout) as tag:
+            step = feedback.step(key) if key is not None else channel.calls
+            with trace.span("NEGOTIATE", collective):
+                flagged = agree(channel.comm, collective, request.fields(key, step),
+                                request.error, [("nonfinite", request.nonfinite)],
+                                wait=channel.wait)
+            if flagged["nonfinite"]:
+                raise NonFiniteError(f"NaN or Inf in the input of rank(s) "
+                                     f"{flagged['nonfinite']} to {collective} "
+                                     "(check_finite=True)")
+            threads = channel_budget(channel)[0]  # collective at a channel's first call
+            algorithm = request.resolve(channel)
+            if record is not None:
+                record[algorithm, request.reason] += 1
+            # MPI's own allreduce runs no kernel: it needs no thread budget (setting one
+            # costs more than a small call's reduction)
+            sent, plain = channel.bytes_sent, channel.plain_bytes_sent
+            with budgeted(None if algorithm == "mpi" else threads):
+                total = _reduce(channel, feedback, request, algorithm, key, step, tag)
+            if request.codec.identity:  # its payloads are the values themselves: all plain
+                channel.plain_bytes_sent = plain + channel.bytes_sent - sent
+            completed = True
     finally:
-        channel.end(completed)
-        if trace.recording():
+        # the whole call as one event, once the channel is released (if it was taken)
+        if tag is not None and trace.recording():
             _trace_call(channel, request, key, algorithm, began, sent, plain, completed)
     options, codec, p = request.options, request.codec, channel.size
     # an allgather sums nothing: a Communicator's default op "mean" does not apply to it
@@ -339,13 +341,9 @@ def _reduce(channel, feedback, request, algorithm, key, step, tag):
 
 def _call(channel, request, codec, algorithm, piece, key, state, step, tag, offset,
           chunk_base):
-    module, n = ALGORITHMS[algorithm], piece.size
-    parts = channel.size if module.CHUNKED else 1
-    segments = (segment_count(n, parts, request.segment_bytes, codec.bits_per_value)
-                if module.CHUNKED else 1)
-    call = Call(channel, codec, n, parts, tag, step, key, state, offset, chunk_base, segments,
-                x=piece)
-    call.segment_bytes = request.segment_bytes
+    call = Call.for_algorithm(ALGORITHMS[algorithm], channel, codec, piece, tag=tag, step=step,
+                              key=key, state=state, offset=offset, chunk_base=chunk_base,
+                              segment_bytes=request.segment_bytes)
     if algorithm == "hierarchical":
         call.cross = ALGORITHMS[request.cross]
     return call

@@ -9,7 +9,7 @@ Read by ``ccl.torch``:
     records a timeline from ``init`` to ``shutdown`` (see
     :func:`~ccl.torch.start_timeline`; ``CCL_TIMELINE`` is its twin);
 ``HOROVOD_STALL_CHECK_TIME_SECONDS``, ``HOROVOD_STALL_CHECK_DISABLE``
-    the period of ccl's stall inspector (:mod:`ccl.waits`), where
+    the period of ccl's stall inspector (:mod:`ccl.transport.waits`), where
     ``CCL_STALL_CHECK_SECONDS`` is not set: a rank that waits that long in a
     collective warns which ranks have not joined it (disabled: never).
 

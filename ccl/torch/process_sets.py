@@ -19,7 +19,7 @@ from mpi4py import MPI
 from ..agreement import agree
 from ..api import Communicator
 from ..errors import MismatchError
-from ..waits import set_default_stall_period
+from ..transport.waits import set_default_stall_period
 from . import runtime as _runtime
 from . import timeline
 from .engine import Engine

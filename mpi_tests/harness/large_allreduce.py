@@ -51,20 +51,19 @@ def check_allreduce(codec, algorithm):
 def check_transport():
     n = 2**31 + 40
     ch = transport.channel(comm)
-    ch.begin("large-count check", None)
-    mine = np.full(n, rank + 1, np.uint8)
-    other = (rank + 1) % p
-    got = ch.sendrecv(mine, other, (rank - 1) % p, 5)
-    assert got.size == n and got[0] == got[-1] == (rank - 1) % p + 1
-    del got
-    got = ch.bcast(mine if rank == 0 else np.empty(0, np.uint8), root=0)
-    assert got.size == n and got[-1] == 1
-    del got
-    # allgather: rank 0 contributes the big block, so later displacements pass INT_MAX
-    blocks = ch.allgather(mine if rank == 0 else np.full(3, rank + 1, np.uint8))
-    assert blocks[0].size == n and blocks[0][-1] == 1
-    assert all(blocks[r].size == 3 and blocks[r][-1] == r + 1 for r in range(1, p))
-    ch.end()
+    with ch.collective("large-count check", None):
+        mine = np.full(n, rank + 1, np.uint8)
+        other = (rank + 1) % p
+        got = ch.sendrecv(mine, other, (rank - 1) % p, 5)
+        assert got.size == n and got[0] == got[-1] == (rank - 1) % p + 1
+        del got
+        got = ch.bcast(mine if rank == 0 else np.empty(0, np.uint8), root=0)
+        assert got.size == n and got[-1] == 1
+        del got
+        # allgather: rank 0 contributes the big block, so later displacements pass INT_MAX
+        blocks = ch.allgather(mine if rank == 0 else np.full(3, rank + 1, np.uint8))
+        assert blocks[0].size == n and blocks[0][-1] == 1
+        assert all(blocks[r].size == 3 and blocks[r][-1] == r + 1 for r in range(1, p))
     return f"payloads of {n} bytes (sendrecv, bcast, allgather)"
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ccl
-from ccl import transport
+from ccl import launch
 from ccl.collectives import auto, hierarchical
 
 where, timeout = sys.argv[1], float(sys.argv[2])
@@ -62,7 +62,7 @@ else:
         elif where == "latency_probe":
             auto.probe_latency = stalling(auto.probe_latency, where)
         elif where == "nodes":
-            transport.node_comm = stalling(transport.node_comm, where)
+            launch.node_comm = stalling(launch.node_comm, where)
         else:
             hierarchical._three_steps = stalling(hierarchical._three_steps, where)
     algorithm = "auto" if where.endswith("probe") else "hierarchical"

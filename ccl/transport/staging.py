@@ -1,11 +1,13 @@
 """Handing device payloads to MPI: CUDA-aware detection and pinned host staging.
 
-A CUDA-aware MPI reads and writes device memory itself: ccl gives it the
-device payload once the stream that produced it has finished
-(:meth:`Backend.synchronize`), because mpi4py cannot see cupy's streams.
-Any other MPI gets host memory: only the *compressed* payload is copied into
-a page-locked (pinned) host buffer, sent, received into another, and copied
-back to the device.
+Each channel routes the payloads of its current collective through a
+:class:`Route`: host arrays go to MPI as they are, device arrays through the
+:class:`Stager` of their backend. A CUDA-aware MPI reads and writes device
+memory itself: ccl gives it the device payload once the stream that produced
+it has finished (``Backend.synchronize()``), because mpi4py cannot see
+cupy's streams. Any other MPI gets host memory: only the *compressed*
+payload is copied into a page-locked (pinned) host buffer, sent, received
+into another, and copied back to the device.
 
 Pinned buffers are expensive to allocate, so :class:`PinnedPool` keeps them
 across calls, one free list per power-of-two size class. The allocator is
@@ -13,19 +15,23 @@ injected, which lets the pool and the staging logic run (and be tested)
 with plain numpy buffers on a machine without a GPU.
 """
 
+from __future__ import annotations
+
 import ctypes
 import os
+from typing import Callable, Mapping
 
 import numpy as np
 
-from . import config
+from .. import config
+from .._xp import Backend
 
-__all__ = ["PinnedPool", "Stager", "cuda_aware", "detect_cuda_aware"]
+__all__ = ["PinnedPool", "Stager", "Route", "cuda_aware", "detect_cuda_aware", "size_class"]
 
 _MIN_CLASS = 1 << 12  # 4 KiB: smaller payloads share one class
 
 
-def size_class(nbytes):
+def size_class(nbytes: int) -> int:
     """The buffer size that serves ``nbytes``: the next power of two, at least 4 KiB."""
     return max(_MIN_CLASS, 1 << max(0, int(nbytes) - 1).bit_length())
 
@@ -45,12 +51,12 @@ class PinnedPool:
         Buffers allocated so far (a reused buffer is not counted again).
     """
 
-    def __init__(self, alloc):
+    def __init__(self, alloc: Callable[[int], np.ndarray]) -> None:
         self._alloc = alloc
-        self._free = {}
+        self._free: dict[int, list[np.ndarray]] = {}  # size class -> free buffers
         self.allocations = 0
 
-    def acquire(self, nbytes):
+    def acquire(self, nbytes: int) -> np.ndarray:
         """A buffer of at least ``nbytes`` bytes, reused when one of its class is free.
 
         Returns the whole buffer; slice ``[:nbytes]`` for the payload.
@@ -62,11 +68,11 @@ class PinnedPool:
         self.allocations += 1
         return self._alloc(cls)
 
-    def release(self, buf):
+    def release(self, buf: np.ndarray) -> None:
         """Return ``buf`` (from :meth:`acquire`) for reuse."""
         self._free.setdefault(buf.size, []).append(buf)
 
-    def held_bytes(self):
+    def held_bytes(self) -> int:
         """Bytes of free buffers kept for reuse."""
         return sum(size * len(bufs) for size, bufs in self._free.items())
 
@@ -89,11 +95,11 @@ class Stager:
     every request that used them has completed.
     """
 
-    def __init__(self, backend, aware, pool=None):
+    def __init__(self, backend: Backend, aware: bool, pool: PinnedPool | None = None) -> None:
         self.backend = backend
         self.aware = aware
         self.pool = PinnedPool(backend.pinned_empty) if pool is None else pool
-        self._held = []
+        self._held: list[np.ndarray] = []  # given out during the current collective
 
     def _stage(self, nbytes):
         buf = self.pool.acquire(nbytes)
@@ -110,7 +116,7 @@ class Stager:
             self.backend.download(payload, host)
         return host
 
-    def recv_buffer(self, nbytes):
+    def recv_buffer(self, nbytes: int):
         """A buffer MPI can receive ``nbytes`` into."""
         if self.aware:
             buf = self.backend.xp.empty(nbytes, dtype=np.uint8)
@@ -127,7 +133,7 @@ class Stager:
             self.backend.upload(out, buf)
         return out
 
-    def release_all(self, reuse=True):
+    def release_all(self, reuse: bool = True) -> None:
         """Give every staging buffer back to the pool (all requests have completed).
 
         ``reuse=False`` forgets them instead: a send that may still read one
@@ -137,6 +143,92 @@ class Stager:
             for buf in self._held:
                 self.pool.release(buf)
         self._held = []
+
+
+class Route:
+    """How one channel hands the payloads of its current collective to MPI.
+
+    Host arrays go to MPI as they are. Device arrays go through the
+    :class:`Stager` of their backend (and of the CUDA-aware answer), kept for
+    the channel's life so that its pinned buffers are reused from call to
+    call. :meth:`use` picks the route for the current collective; :meth:`end`
+    goes back to host memory once the collective is over.
+
+    Attributes
+    ----------
+    backend : ccl._xp.Backend or None
+        The backend of the current collective's arrays (None before the
+        first :meth:`use`; kept after :meth:`end`).
+    """
+
+    def __init__(self) -> None:
+        self.backend: Backend | None = None
+        self._stager: Stager | None = None  # None: host memory
+        self._stagers: dict[tuple[str, bool], Stager] = {}
+
+    def use(self, backend: Backend, aware: bool | None = None) -> None:
+        """Route the current collective's payloads for ``backend``'s arrays.
+
+        ``aware`` overrides the CUDA-aware detection (:func:`cuda_aware`).
+        """
+        self.backend = backend
+        if not backend.device:
+            self._stager = None
+            return
+        aware = cuda_aware() if aware is None else aware
+        key = (backend.name, aware)
+        if key not in self._stagers:
+            self._stagers[key] = Stager(backend, aware)
+        self._stager = self._stagers[key]
+
+    @property
+    def current(self) -> Stager | None:
+        """The stager the current collective's payloads go through (None: host memory)."""
+        return self._stager
+
+    def stager(self, name: str, aware: bool) -> Stager | None:
+        """The stager kept for the backend called ``name`` and ``aware`` (None: none yet)."""
+        return self._stagers.get((name, aware))
+
+    def send_buffer(self, payload):
+        """What to hand to MPI to send ``payload``."""
+        return payload if self._stager is None else self._stager.send_buffer(payload)
+
+    def recv_buffer(self, nbytes: int):
+        """A buffer MPI can receive ``nbytes`` into."""
+        if self._stager is None:
+            return np.empty(nbytes, dtype=np.uint8)
+        return self._stager.recv_buffer(nbytes)
+
+    def finish(self, buf):
+        """The payload of a completed receive into ``buf`` (from :meth:`recv_buffer`)."""
+        return buf if self._stager is None else self._stager.finish(buf)
+
+    def uncompressed(self, x, run: Callable):
+        """``run(array, xp)``: an MPI call on uncompressed data, where MPI can read it.
+
+        Not CUDA-aware, the whole array crosses to the host and the result
+        back (uncompressed data has no smaller payload to stage).
+        """
+        stager = self._stager
+        if stager is None:
+            return run(x, np)
+        be = stager.backend
+        if not stager.aware:
+            return be.to_device(run(be.to_host(x), np))
+        be.synchronize()
+        return run(x, be.xp)
+
+    def end(self, reuse: bool = True) -> None:
+        """Go back to host memory after a collective.
+
+        The staging buffers go back to their pool; with ``reuse=False`` (a
+        send may still read one) they are forgotten instead, never handed
+        out again.
+        """
+        stager, self._stager = self._stager, None
+        if stager is not None:
+            stager.release_all(reuse=reuse)
 
 
 # ------------------------------------------------------------------ detection
@@ -178,7 +270,9 @@ def _memory_kinds():
         return ""
 
 
-def detect_cuda_aware(environ=None, query=None, memory_kinds=None):
+def detect_cuda_aware(environ: Mapping[str, str] | None = None,
+                      query: Callable[[], bool | None] | None = None,
+                      memory_kinds: Callable[[], str] | None = None) -> bool:
     """Whether the MPI library can send and receive device memory.
 
     The order, from the most to the least reliable (docs/gpu.md):
@@ -218,7 +312,7 @@ def detect_cuda_aware(environ=None, query=None, memory_kinds=None):
 _DETECTED = None
 
 
-def cuda_aware():
+def cuda_aware() -> bool:
     """:func:`detect_cuda_aware`, decided once per process (``CCL_CUDA_AWARE`` is read then)."""
     global _DETECTED
     if _DETECTED is None:
