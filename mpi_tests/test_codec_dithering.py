@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ccl.codecs import FLAG_OVERFLOW, HEADER_SIZE, CodecContext, DitheringCodec, Header, get_codec
-from ccl.codecs.dithering import _dither_natural
+from ccl.codecs.dithering.codec import _dither_natural
 from ccl.errors import PayloadError
 from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
     check_roundtrip

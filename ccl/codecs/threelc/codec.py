@@ -1,7 +1,7 @@
 """3LC: three-value quantization, quartic encoding and zero-run encoding.
 
-After Lim, Andersen and Kaminsky (MLSys 2019); the canonical ccl format is
-section 1 of the codec specification and ``docs/codecs/3lc.md``.
+After Lim, Andersen and Kaminsky (MLSys 2019); ``docs/codecs/3lc.md`` gives
+ccl's wire format and its exact rounding rules.
 
 Each chunk is scaled by ``M = max|x| * s`` (a float32 on the wire), rounded
 half to even to {-1, 0, +1}, packed five ternary digits per byte
@@ -16,11 +16,11 @@ import struct
 
 import numpy as np
 
-from ..errors import PayloadError
-from . import _threelc_kernels as K
-from .base import Codec
-from .header import FLAG_OVERFLOW
-from .registry import register_codec
+from ...errors import PayloadError
+from . import _kernels as K
+from ..base import Codec
+from ..header import FLAG_OVERFLOW
+from ..registry import register_codec
 
 __all__ = ["ThreeLCCodec", "scale_for", "quartic_encode", "quartic_decode", "zre_encode",
            "zre_decode"]
@@ -171,7 +171,7 @@ class ThreeLCCodec(Codec):
 
     codec_id = "3lc"
     wire_id = 4
-    device_twin = "ccl.codecs._threelc_cuda:ThreeLCTwin"  # see ccl.codecs.device
+    device_twin = "ccl.codecs.threelc._cuda:ThreeLCTwin"  # see ccl.codecs.device
     homomorphic = False
     error_feedback = True
     # 5 ternary values per byte make 1.6 bits before the zero-run pass; in steady state

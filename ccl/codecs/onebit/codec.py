@@ -21,12 +21,12 @@ import struct
 
 import numpy as np
 
-from .._jit import njit, prange
-from ..errors import PayloadError
-from ._shared_kernels import sized_kernel
-from .base import Codec
-from .header import FLAG_OVERFLOW
-from .registry import register_codec
+from ..._jit import njit, prange
+from ...errors import PayloadError
+from .._shared_kernels import sized_kernel
+from ..base import Codec
+from ..header import FLAG_OVERFLOW
+from ..registry import register_codec
 
 __all__ = ["OneBitCodec"]
 
@@ -119,7 +119,7 @@ class OneBitCodec(Codec):
 
     codec_id = "onebit"
     wire_id = 10
-    device_twin = "ccl.codecs._onebit_cuda:OneBitTwin"  # see ccl.codecs.device
+    device_twin = "ccl.codecs.onebit._cuda:OneBitTwin"  # see ccl.codecs.device
     homomorphic = False
     error_feedback = True
     bits_per_value = 1.1  # a bit per value, plus a scale per chunk

@@ -27,12 +27,12 @@ import struct
 
 import numpy as np
 
-from .._jit import njit, prange
-from ..errors import PayloadError
-from ._shared_kernels import sized_kernel, stream64, uniform_below
-from .base import Codec
-from .header import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS
-from .registry import register_codec
+from ..._jit import njit, prange
+from ...errors import PayloadError
+from .._shared_kernels import sized_kernel, stream64, uniform_below
+from ..base import Codec
+from ..header import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS
+from ..registry import register_codec
 
 __all__ = ["RandomKCodec", "randomk_indices"]
 
@@ -184,7 +184,7 @@ class RandomKCodec(Codec):
 
     codec_id = "randomk"
     wire_id = 9
-    device_twin = "ccl.codecs._randomk_cuda:RandomKTwin"  # see ccl.codecs.device
+    device_twin = "ccl.codecs.randomk._cuda:RandomKTwin"  # see ccl.codecs.device
     homomorphic = True
     error_feedback = True
     encode_gbps, decode_gbps = 11.92, 6.07

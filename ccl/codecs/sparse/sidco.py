@@ -1,7 +1,7 @@
 """SIDCo: a sparsifier whose threshold comes from a distribution fitted to the magnitudes.
 
 The wire format, decoding and the exact top-k it falls back on are those of
-:mod:`ccl.codecs.sparse` (:class:`~ccl.codecs.sparse.SparseCodec`); this
+the sparse family (:class:`~ccl.codecs.sparse.SparseCodec`); this
 module holds the closed-form threshold fits (exponential, generalized Pareto,
 gamma), the multi-stage refinement and the per-key adaptation of the stage
 count (SIDCo, Abdelmoniem et al., MLSys 2021; ``docs/codecs/sparse.md``).
@@ -11,10 +11,10 @@ import math
 
 import numpy as np
 
-from . import _sparse_kernels as K
-from .registry import register_codec
-from .sparse import (TINY, SparseCodec, check_density, check_int, count_above, device_ops,
-                     select_above, target_count, threshold_for, top_k, top_k_of)
+from . import _kernels as K
+from ..registry import register_codec
+from ._common import (TINY, SparseCodec, check_density, check_int, count_above, device_ops,
+                      select_above, target_count, threshold_for, top_k, top_k_of)
 
 __all__ = ["SIDCoCodec", "exp_threshold", "gpareto_threshold", "gamma_threshold"]
 
@@ -85,7 +85,7 @@ def gamma_threshold(mean, mean_log, delta):
 
 
 class _HostFit:
-    """The statistics a SIDCo fit reads, by the numba kernels (``_sparse_device`` on a GPU)."""
+    """The statistics a SIDCo fit reads, by the numba kernels (``_device`` on a GPU)."""
 
     @staticmethod
     def moments(x):

@@ -22,10 +22,11 @@ layout.
 
 import numpy as np
 
-from .._xp import backend_of
-from ..errors import PayloadError
-from .registry import register_codec
-from .sparse import VALUES_2BIT, TopKCodec, check_int, target_count
+from ..._xp import backend_of
+from ...errors import PayloadError
+from ..registry import register_codec
+from ._common import VALUES_2BIT, check_int, target_count
+from .topk import TopKCodec
 
 __all__ = ["SparseLoCoCodec", "pack_levels", "unpack_levels", "block_top_k"]
 

@@ -1,4 +1,4 @@
-"""Device twin of the ``dithering`` codec (see :mod:`.dithering`): the CPU's bytes.
+"""Device twin of the ``dithering`` codec (see :mod:`.codec`): the CPU's bytes.
 
 The L2 scale repeats the CPU kernel's summation order (four running sums
 per block, blocks in order), and each element's rounding draws the same
@@ -10,12 +10,12 @@ import math
 import numpy as np
 from numba import cuda
 
-from ..errors import PayloadError
-from ._cuda_common import TWO32, empty_body, launch, mul_rn, ordered_total, put, stream64
-from ._shared_kernels import f32_round_up
-from .device import DeviceTwin
-from .dithering import _BLOCK, _SCALE
-from .header import FLAG_OVERFLOW
+from ...errors import PayloadError
+from .._cuda_common import TWO32, empty_body, launch, mul_rn, ordered_total, put, stream64
+from .._shared_kernels import f32_round_up
+from ..device import DeviceTwin
+from .codec import _BLOCK, _SCALE
+from ..header import FLAG_OVERFLOW
 
 __all__ = ["DitheringTwin"]
 

@@ -1,12 +1,12 @@
-"""Device twin of the ``onebit`` codec (see :mod:`.onebit`): the CPU's bytes, scale included."""
+"""Device twin of the ``onebit`` codec (see :mod:`.codec`): the CPU's bytes, scale included."""
 
 import numpy as np
 from numba import cuda
 
-from ._cuda_common import device_function, empty_body, launch, ordered_total, put
-from .device import DeviceTwin
-from .header import FLAG_OVERFLOW
-from .onebit import _BLOCK_BYTES, _SCALE, _bit as _cpu_bit
+from .._cuda_common import device_function, empty_body, launch, ordered_total, put
+from ..device import DeviceTwin
+from ..header import FLAG_OVERFLOW
+from .codec import _BLOCK_BYTES, _SCALE, _bit as _cpu_bit
 
 __all__ = ["OneBitTwin"]
 

@@ -27,12 +27,12 @@ import struct
 
 import numpy as np
 
-from .._jit import njit, prange
-from ..errors import PayloadError
-from ._shared_kernels import f32_round_up, sized_kernel, stream64
-from .base import Codec
-from .header import FLAG_OVERFLOW
-from .registry import register_codec
+from ..._jit import njit, prange
+from ...errors import PayloadError
+from .._shared_kernels import f32_round_up, sized_kernel, stream64
+from ..base import Codec
+from ..header import FLAG_OVERFLOW
+from ..registry import register_codec
 
 __all__ = ["DitheringCodec"]
 
@@ -222,7 +222,7 @@ class DitheringCodec(Codec):
 
     codec_id = "dithering"
     wire_id = 11
-    device_twin = "ccl.codecs._dithering_cuda:DitheringTwin"  # see ccl.codecs.device
+    device_twin = "ccl.codecs.dithering._cuda:DitheringTwin"  # see ccl.codecs.device
     homomorphic = False
     error_feedback = True
     encode_gbps, decode_gbps = 2.85, 7.10
