@@ -334,6 +334,36 @@ def test_no_codec_family_imports_another_familys_private_modules():
         "the family's public modules): " + ", ".join(f"{m} imports {o}" for m, o in sorted(found))
 
 
+def device_twins():
+    """``(module, class, spec)`` of each ``device_twin = "..."`` in a class body of ``ccl/``."""
+    for module, tree in TREES.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant) \
+                        and isinstance(stmt.value.value, str) \
+                        and any(getattr(t, "id", None) == "device_twin" for t in stmt.targets):
+                    yield module, node.name, stmt.value.value
+
+
+def test_device_twins_live_in_their_family_and_load_lazily():
+    """Each codec names a twin class of its own family's ``_cuda`` module, and only the twins
+    import the twins' modules: a CPU-only run never loads numba.cuda."""
+    twins = sorted(device_twins())
+    assert {_family(module) for module, _, _ in twins} == set(families())
+    for module, cls, spec in twins:
+        twin_module, _, name = spec.partition(":")
+        assert twin_module == f"{CODECS}.{_family(module)}._cuda", (module, cls, spec)
+        defined = {n.name for n in TREES[twin_module].body if isinstance(n, ast.ClassDef)}
+        assert name in defined, f"{module}.{cls}: no class {name} in {twin_module}"
+    cuda_modules = {f"{CODECS}._cuda_common"} | {f"{CODECS}.{f}._cuda" for f in families()}
+    importers = {module for module, imported in import_graph().items()
+                 if imported & cuda_modules}
+    assert importers <= cuda_modules, \
+        f"import a device twin's module: {sorted(importers - cuda_modules)}"
+
+
 def test_no_import_cycle():
     """No cycle in the import graph of ``ccl/``, counting imports inside functions."""
     cycles = import_cycles(import_graph())
