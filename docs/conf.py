@@ -41,6 +41,9 @@ myst_enable_extensions = ["colon_fence"]
 
 # API reference: numpydoc renders the sections; members are listed by autodoc.
 autodoc_member_order = "bysource"
+# The numpydoc sections give every type in words; the annotations are for type checkers
+# (their type variables, such as ccl.codecs.base.ArrayT, are not pages of their own).
+autodoc_typehints = "none"
 autodoc_default_options = {"members": True}
 autosummary_generate = False
 numpydoc_show_class_members = False

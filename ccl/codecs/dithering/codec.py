@@ -22,6 +22,8 @@ Body layout (little-endian, after the 32-byte header)::
                s >= 128; every |code| <= s
 """
 
+from __future__ import annotations
+
 import math
 import struct
 
@@ -90,7 +92,8 @@ class DitheringCodec(Codec):
         """Expected payload bits per value: one int8 (int16 above 127 levels) lane each."""
         return 8.0 if self.levels <= 127 else 16.0
 
-    def __init__(self, levels=127, partition="linear", norm="max", seed=0):
+    def __init__(self, levels: int = 127, partition: str = "linear", norm: str = "max",
+                 seed: int = 0) -> None:
         if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) \
                 or not 1 <= levels <= 32767:
             raise ValueError(f"dithering: levels must be an int in 1..32767, got {levels!r}")

@@ -23,6 +23,8 @@ Body layout (little-endian, after the 32-byte header)::
     offset 16  k float32 values, in ascending index order
 """
 
+from __future__ import annotations
+
 import struct
 
 import numpy as np
@@ -120,7 +122,8 @@ class RandomKCodec(Codec):
         """Expected payload bits per value: a float32 per kept value (indices are shared)."""
         return 32.0 * self.density if self.density is not None else 32.0
 
-    def __init__(self, density=None, k=None, seed=0, scale=None):
+    def __init__(self, density: float | None = None, k: int | None = None, seed: int = 0,
+                 scale: bool | None = None) -> None:
         if density is not None and k is not None:
             raise ValueError("randomk: give either density or k, not both")
         if k is not None:

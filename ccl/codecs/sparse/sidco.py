@@ -7,7 +7,10 @@ gamma), the multi-stage refinement and the per-key adaptation of the stage
 count (SIDCo, Abdelmoniem et al., MLSys 2021; ``docs/codecs/sparse.md``).
 """
 
+from __future__ import annotations
+
 import math
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -181,7 +184,8 @@ class SIDCoCodec(SparseCodec):
     wire_id = 6
     encode_gbps, decode_gbps = 6.11, 12.68
 
-    def __init__(self, density=0.01, dist="exp", stages=1, adaptive=True):
+    def __init__(self, density: float = 0.01, dist: str = "exp", stages: int = 1,
+                 adaptive: bool = True) -> None:
         self.density = check_density(density)
         if dist not in ("exp", "gpareto", "gamma"):
             raise ValueError(f"dist must be 'exp', 'gpareto' or 'gamma', got {dist!r}")
@@ -360,7 +364,7 @@ class SIDCoCodec(SparseCodec):
         state["ratio_sum"] = 0.0
         state["steps"] = 0
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The adaptive stage state, for checkpoints.
 
         Returns
@@ -378,7 +382,7 @@ class SIDCoCodec(SparseCodec):
                             else float(s["last_error"])})
         return {"version": 1, "adaptive_stages": entries}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (replaces the current state).
 
         Parameters

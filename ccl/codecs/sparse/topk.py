@@ -6,6 +6,8 @@ Compression) and keeps at most ``k``. Both send the wire format of
 :class:`~ccl.codecs.sparse.SparseCodec` (``docs/codecs/sparse.md``).
 """
 
+from __future__ import annotations
+
 import math
 
 import numpy as np
@@ -52,7 +54,7 @@ class TopKCodec(SparseCodec):
     wire_id = 7
     encode_gbps, decode_gbps = 0.57, 10.31
 
-    def __init__(self, density=None, k=None):
+    def __init__(self, density: float | None = None, k: int | None = None) -> None:
         if density is not None and k is not None:
             raise ValueError("give exactly one of density (a fraction) and k (a count), not both")
         if k is None:
@@ -108,7 +110,7 @@ class DGCCodec(SparseCodec):
     wire_id = 8
     encode_gbps, decode_gbps = 3.46, 11.45
 
-    def __init__(self, density=0.01, sample_ratio=0.01, seed=0):
+    def __init__(self, density: float = 0.01, sample_ratio: float = 0.01, seed: int = 0) -> None:
         self.density = check_density(density)
         if isinstance(sample_ratio, bool) or \
                 not isinstance(sample_ratio, (int, float, np.floating, np.integer)) or \

@@ -20,6 +20,8 @@ paper's ``sqrt(D)``; scaling by ``sqrt(P)`` instead would inflate ``z`` by
 ``sqrt(P/n)`` (up to 1.4x) and clamp a partly filled last block hard.
 """
 
+from __future__ import annotations
+
 import math
 import struct
 import zlib
@@ -129,7 +131,8 @@ class THCCodec(Codec):
             return float(self.bits)
         return float(8 * (lane_bytes(contributors, self.g) or 4))
 
-    def __init__(self, bits=4, g=15, p=1 / 32, table="optimal", seed=42, block=1024):
+    def __init__(self, bits: int = 4, g: int = 15, p: float = 1 / 32, table: str = "optimal",
+                 seed: int = 42, block: int = 1024) -> None:
         if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) \
                 or bits not in (2, 3, 4):
             raise ValueError(f"THC bits must be the int 2, 3 or 4, got {bits!r}")

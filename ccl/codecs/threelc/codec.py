@@ -11,6 +11,8 @@ reverses the stages. The codec is biased and relies on error feedback (the
 collectives keep the residual); it is not homomorphic.
 """
 
+from __future__ import annotations
+
 import math
 import struct
 
@@ -180,7 +182,7 @@ class ThreeLCCodec(Codec):
     bits_per_value = 0.45
     encode_gbps, decode_gbps = 7.35, 5.47
 
-    def __init__(self, s=DEFAULT_S):
+    def __init__(self, s: float = DEFAULT_S) -> None:
         if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)) \
                 or not 0.0 < float(s) < 2.0:
             raise ValueError(f"3lc: s must be a number with 0 < s < 2, got {s!r}")
