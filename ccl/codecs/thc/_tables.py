@@ -134,7 +134,7 @@ def rounding_variance(levels, g, p):
     """Expected variance of unbiased rounding of N(0,1) on the grid to ``levels`` (value units)."""
     cost = _interval_costs(g, p)
     inc = 2.0 * clamp_t(p) / g
-    return float(sum(cost[a, b] for a, b in zip(levels[:-1], levels[1:], strict=True)) * inc * inc)
+    return float(sum(cost[a, b] for a, b in zip(levels[:-1], levels[1:])) * inc * inc)
 
 
 @functools.lru_cache(maxsize=None)
