@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 
 import ccl
 from ccl.codecs import HEADER_SIZE, Header, get_codec
-from ccl.codecs import _threelc_kernels as K
+from ccl.codecs.threelc import _kernels as K
 from ccl.codecs.threelc import (ThreeLCCodec, quartic_decode, quartic_encode, zre_decode,
                                 zre_encode)
 from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \

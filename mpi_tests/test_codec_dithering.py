@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ccl.codecs import FLAG_OVERFLOW, HEADER_SIZE, CodecContext, DitheringCodec, Header, get_codec
-from ccl.codecs.dithering import _dither_natural
+from ccl.codecs.dithering._kernels import dither_natural
 from ccl.errors import PayloadError
 from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
     check_roundtrip
@@ -109,8 +109,8 @@ def test_natural_fast_path_matches_frexp_path():
     scale = float(np.abs(x).max())
     for s in (1, 2, 7, 30, 127):
         fast, exact = np.empty(x.size, np.int16), np.empty(x.size, np.int16)
-        _dither_natural(x, 1.0 / scale, s, 2.0 ** (s - 1), np.uint64(99), fast)
-        _dither_natural(x, 1.0 / scale, s, 0.0, np.uint64(99), exact)
+        dither_natural(x, 1.0 / scale, s, 2.0 ** (s - 1), np.uint64(99), fast)
+        dither_natural(x, 1.0 / scale, s, 0.0, np.uint64(99), exact)
         np.testing.assert_array_equal(fast, exact)
 
 

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 import ccl
 from ccl.codecs import HEADER_SIZE, CodecContext, get_codec
-from ccl.codecs import sparse, sparseloco
+from ccl.codecs.sparse import _common as sparse, sparseloco
 from codec_checks import ODD_SIZES, check_config, check_header_edits, check_malformed, \
     check_random_bytes, check_roundtrip
 from conftest import assert_same_on_all_ranks, rank_input

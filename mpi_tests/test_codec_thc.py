@@ -10,10 +10,10 @@ from hypothesis import given, settings, strategies as st
 import ccl
 from ccl.codecs import FLAG_NONFINITE, FLAG_OVERFLOW, HEADER_SIZE, CodecContext, Header, \
     get_codec
-from ccl.codecs import _thc_kernels as kernels
-from ccl.codecs._thc_tables import GRID_POINTS, clamp_t, kernel_tables, receiver_table, \
+from ccl.codecs.thc import _kernels as kernels
+from ccl.codecs.thc._tables import GRID_POINTS, clamp_t, kernel_tables, receiver_table, \
     rounding_variance, sender_tables
-from ccl.codecs.thc import BODY_HEADER_SIZE, KIND_LANES, THCCodec, lane_bytes
+from ccl.codecs.thc.codec import BODY_HEADER_SIZE, KIND_LANES, THCCodec, lane_bytes
 from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
     check_roundtrip
 

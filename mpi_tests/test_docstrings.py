@@ -48,9 +48,10 @@ DOCTEST_MODULES = [
     "ccl", "ccl.api", "ccl.errors", "ccl.feedback", "ccl.launch",
     "ccl.codecs.base", "ccl.codecs.configurable", "ccl.codecs.framing", "ccl.codecs.header",
     "ccl.codecs.context", "ccl.codecs.registry",
-    "ccl.codecs.casts", "ccl.codecs.threelc", "ccl.codecs.thc",
-    "ccl.codecs.sparse", "ccl.codecs.sidco", "ccl.codecs.randomk", "ccl.codecs.onebit", "ccl.codecs.dithering",
-    "ccl.codecs.sparseloco", "ccl.collectives.auto", "ccl.trace", "ccl.run",
+    "ccl.codecs.casts.codec", "ccl.codecs.threelc.codec", "ccl.codecs.thc.codec",
+    "ccl.codecs.sparse.topk", "ccl.codecs.sparse.sidco", "ccl.codecs.randomk.codec",
+    "ccl.codecs.onebit.codec", "ccl.codecs.dithering.codec", "ccl.codecs.sparse.sparseloco",
+    "ccl.collectives.auto", "ccl.trace", "ccl.run",
 ] + TORCH_MODULES
 
 

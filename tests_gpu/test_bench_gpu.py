@@ -19,12 +19,13 @@ def test_gpu_bench_decodes_past_the_unchecked_size(monkeypatch):
     # MAX_UNCHECKED_ELEMENTS on a payload's word alone, and the bench did not say what to
     # expect. The limit is lowered here so that the simulator reaches it with small arrays.
     import ccl.codecs.base
-    import ccl.codecs.randomk
-    import ccl.codecs.sparse
-    import ccl.codecs.thc
+    import ccl.codecs.randomk.codec
+    import ccl.codecs.sparse._common
+    import ccl.codecs.thc.codec
     from ccl.bench.gpu import measure
 
-    for module in (ccl.codecs.base, ccl.codecs.randomk, ccl.codecs.sparse, ccl.codecs.thc):
+    for module in (ccl.codecs.base, ccl.codecs.randomk.codec, ccl.codecs.sparse._common,
+                   ccl.codecs.thc.codec):
         if hasattr(module, "MAX_UNCHECKED_ELEMENTS"):
             monkeypatch.setattr(module, "MAX_UNCHECKED_ELEMENTS", 100)
     rows = measure(["randomk", "thc", "topk", "fp16"], 1000, reps=1, simulate=True)

@@ -17,7 +17,7 @@ import pytest
 from ccl import PayloadError
 from ccl._xp import simulated_device
 from ccl.codecs import CodecContext, get_codec
-from ccl.codecs._randomk_cuda import randomk_indices as device_randomk_indices
+from ccl.codecs.randomk._cuda import randomk_indices as device_randomk_indices
 from ccl.codecs.randomk import randomk_indices
 
 SIZES = [0, 1, 7, 1000, 1009]

@@ -13,8 +13,8 @@ import pytest
 import ccl.codecs
 from ccl._xp import simulated_device
 from ccl.codecs import Codec, CodecContext, ThreeLCCodec, TopKCodec, device
-from ccl.codecs._sparse_cuda import SparseTwin
-from ccl.codecs._threelc_cuda import ThreeLCTwin
+from ccl.codecs.sparse._cuda import SparseTwin
+from ccl.codecs.threelc._cuda import ThreeLCTwin
 
 BUILT_IN = [getattr(ccl.codecs, name) for name in ccl.codecs.__all__
             if isinstance(getattr(ccl.codecs, name), type)

@@ -3,6 +3,12 @@
 Use :func:`get_codec` to build one by id (``"none"``, ``"fp16"``, ``"bf16"``,
 ...) or from a numcodecs-style config dict; subclass :class:`Codec` and
 decorate with :func:`register_codec` to add one.
+
+The framework (:class:`Codec`, the header and its framing, the registry,
+:class:`CodecContext`, the device dispatch) lives in this package's
+modules; each codec family is a subpackage (``casts``, ``threelc``,
+``thc``, ``sparse``, ``onebit``, ``randomk``, ``dithering``) holding its
+codecs, CPU kernels, device twin and tables.
 """
 
 from .base import Codec
@@ -13,9 +19,7 @@ from .casts import BF16Codec, FP16Codec, NoneCodec
 from .dithering import DitheringCodec
 from .onebit import OneBitCodec
 from .randomk import RandomKCodec
-from .sidco import SIDCoCodec
-from .sparse import DGCCodec, TopKCodec
-from .sparseloco import SparseLoCoCodec
+from .sparse import DGCCodec, SIDCoCodec, SparseLoCoCodec, TopKCodec
 from .thc import THCCodec
 from .threelc import ThreeLCCodec
 

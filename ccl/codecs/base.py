@@ -30,7 +30,12 @@ per chunk that the collective reduces with ``MAX`` across ranks and hands
 back as ``ctx.shared``.
 """
 
+from __future__ import annotations
+
+from typing import TypeVar
+
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .._xp import backend_of
 from ..errors import CompressionOverflowError, PayloadError
@@ -38,9 +43,13 @@ from .configurable import Configurable
 from .context import CodecContext, all_finite
 from .framing import PayloadFraming
 from .header import (FLAG_FAILED, FLAG_NONFINITE, FLAG_OVERFLOW, HEADER_SIZE,
-                     MAX_UNCHECKED_ELEMENTS, dominant_flag)
+                     MAX_UNCHECKED_ELEMENTS, Header, dominant_flag)
 
 __all__ = ["Codec"]
+
+#: An array a codec takes and returns: numpy, or cupy where the codec runs on the device;
+#: a payload or a decoded array is of the kind that was given.
+ArrayT = TypeVar("ArrayT")
 
 
 class Codec(Configurable, PayloadFraming):
@@ -123,7 +132,7 @@ class Codec(Configurable, PayloadFraming):
     shared_statistics = False
     identity = False
 
-    def sum_bits_per_value(self, contributors):
+    def sum_bits_per_value(self, contributors: int) -> float:
         """Payload bits per value of a sum of ``contributors`` payloads (homomorphic codecs).
 
         The cost model reads it: a codec whose payloads widen as they add
@@ -142,7 +151,7 @@ class Codec(Configurable, PayloadFraming):
         """
         return float(self.bits_per_value)
 
-    def check_error_feedback(self):
+    def check_error_feedback(self) -> None:
         """Refuse a configuration whose residual would grow under error feedback.
 
         The collectives call it on every rank before any message moves, for
@@ -157,7 +166,7 @@ class Codec(Configurable, PayloadFraming):
         """
 
     # ------------------------------------------------------------ public API
-    def encode(self, x, ctx=None):
+    def encode(self, x: ArrayT, ctx: CodecContext | None = None) -> ArrayT:
         """Encode a float array into a self-describing uint8 payload.
 
         Parameters
@@ -199,7 +208,7 @@ class Codec(Configurable, PayloadFraming):
         body, flags = self._encode(x, ctx)
         return self.pack(body, x.size, flags=flags, dtype=self.decoded_dtype(x.dtype))
 
-    def decode(self, payload, ctx=None):
+    def decode(self, payload: ArrayT, ctx: CodecContext | None = None) -> ArrayT:
         """Decode a payload made by :meth:`encode` (or :meth:`add`).
 
         Parameters
@@ -246,7 +255,8 @@ class Codec(Configurable, PayloadFraming):
                 f"codec {self.codec_id!r}: a sum overflowed the compressed format")
         return values
 
-    def decode_with_header(self, payload, ctx=None):
+    def decode_with_header(self, payload: ArrayT,
+                           ctx: CodecContext | None = None) -> tuple[ArrayT, Header]:
         """Decode without raising on ``OVERFLOW`` (flagged payloads decode to NaN).
 
         Collectives use this so that every rank can first finish the
@@ -290,7 +300,7 @@ class Codec(Configurable, PayloadFraming):
                                f"header says {header.n}")
         return values, header
 
-    def add(self, a, b, ctx=None):
+    def add(self, a: ArrayT, b: ArrayT, ctx: CodecContext | None = None) -> ArrayT:
         """Add two payloads in the compressed domain (homomorphic codecs only).
 
         ``decode(add(a, b)) == decode(a) + decode(b)`` (exactly, or to the
@@ -349,7 +359,7 @@ class Codec(Configurable, PayloadFraming):
             return device.add(self, ha, a[HEADER_SIZE:], hb, b[HEADER_SIZE:], ctx, be)
         return self._add(ha, a[HEADER_SIZE:], hb, b[HEADER_SIZE:], ctx)
 
-    def shared_stats(self, x):
+    def shared_stats(self, x: np.ndarray) -> np.ndarray:
         """Statistics of a chunk that all ranks must agree on (reduced with MAX).
 
         The collective calls this on each rank's chunk input (after error
@@ -370,7 +380,7 @@ class Codec(Configurable, PayloadFraming):
 
     # ------------------------------------------------------ helpers for codecs
     # (read_header, pack and flagged_payload come from PayloadFraming)
-    def check_input(self, x):
+    def check_input(self, x: ArrayT) -> ArrayT:
         """Return ``x`` as a 1-D contiguous array of an accepted dtype.
 
         Device (cupy) arrays stay on their device.
@@ -402,7 +412,7 @@ class Codec(Configurable, PayloadFraming):
             raise TypeError(f"codec {self.codec_id!r} accepts {accepted}; got {x.dtype}")
         return xp.ascontiguousarray(x).reshape(-1)
 
-    def decoded_dtype(self, input_dtype):
+    def decoded_dtype(self, input_dtype: DTypeLike) -> np.dtype:
         """The dtype :meth:`decode` returns for input of ``input_dtype``.
 
         Parameters
@@ -418,14 +428,15 @@ class Codec(Configurable, PayloadFraming):
         return np.dtype(np.float32)
 
     # --------------------------------------------------------- subclass hooks
-    def _encode(self, x, ctx):
+    def _encode(self, x: np.ndarray, ctx: CodecContext) -> tuple[np.ndarray, int]:
         """Encode finite 1-D ``x``; return ``(body, flags)``."""
         raise NotImplementedError
 
-    def _decode(self, header, body, ctx):
+    def _decode(self, header: Header, body: np.ndarray, ctx: CodecContext) -> np.ndarray:
         """Decode ``body`` (validated header) into ``header.n`` elements."""
         raise NotImplementedError
 
-    def _add(self, ha, a_body, hb, b_body, ctx):
+    def _add(self, ha: Header, a_body: np.ndarray, hb: Header, b_body: np.ndarray,
+             ctx: CodecContext) -> np.ndarray:
         """Add two unflagged payload bodies; return a full payload."""
         raise NotImplementedError

@@ -9,12 +9,17 @@ header carries, so that a payload made with another configuration is
 rejected. :class:`ccl.codecs.Codec` inherits it.
 """
 
+from __future__ import annotations
+
 import difflib
 import inspect
 import json
 import zlib
+from typing import Any, Mapping, TypeVar
 
 __all__ = ["Configurable", "check_parameters"]
+
+_C = TypeVar("_C", bound="Configurable")
 
 
 def check_parameters(cls, params):
@@ -77,7 +82,7 @@ class Configurable:
 
     codec_id = None
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         """Return the configuration as a JSON-serialisable dict with an ``"id"``.
 
         Returns
@@ -96,7 +101,7 @@ class Configurable:
         return {"id": self.codec_id, **public}
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls: type[_C], config: Mapping[str, Any]) -> _C:
         """Build a codec from :meth:`get_config` output (the dict is not modified).
 
         Parameters
@@ -122,7 +127,7 @@ class Configurable:
         return cls(**config)
 
     @property
-    def config_hash(self):
+    def config_hash(self) -> int:
         """CRC32 of the canonical JSON configuration (written into payload headers)."""
         cached = self.__dict__.get("_config_hash")
         if cached is None:

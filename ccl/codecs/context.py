@@ -5,8 +5,11 @@ statistics, expected element count); the seeds derived from it make shared
 randomness agree on every rank without communication.
 """
 
+from __future__ import annotations
+
 import zlib
 from dataclasses import dataclass, field
+from typing import Hashable
 
 import numpy as np
 
@@ -66,13 +69,13 @@ class CodecContext:
     """
 
     step: int = 0
-    key: object = None
+    key: Hashable | None = None
     chunk: int = 0
     rank: int = 0
-    shared: object = field(default=None, compare=False)
-    n: object = None
+    shared: np.ndarray | None = field(default=None, compare=False)
+    n: int | None = None
 
-    def seed(self, base_seed, per_rank=False):
+    def seed(self, base_seed: int, per_rank: bool = False) -> int:
         """Return a 64-bit seed derived from ``(base_seed, step, key, chunk[, rank])``.
 
         The same arguments give the same seed on every rank, so shared
@@ -97,7 +100,7 @@ class CodecContext:
         state = np.random.SeedSequence(words).generate_state(2, dtype=np.uint32)
         return (int(state[0]) | (int(state[1]) << 32)) & 0x7FFFFFFFFFFFFFFF
 
-    def rng(self, base_seed, per_rank=False):
+    def rng(self, base_seed: int, per_rank: bool = False) -> np.random.Generator:
         """Return a numpy ``Generator`` seeded by :meth:`seed`.
 
         Parameters

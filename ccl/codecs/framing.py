@@ -9,7 +9,10 @@ rejects a payload made by another codec or configuration before any kernel
 reads its body.
 """
 
+from __future__ import annotations
+
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from .._xp import HOST, backend_of
 from ..errors import PayloadError
@@ -33,7 +36,7 @@ class PayloadFraming:
     (12, 3)
     """
 
-    def read_header(self, payload):
+    def read_header(self, payload: ArrayLike) -> Header:
         """Validate ``payload``'s header for this codec and return it.
 
         Parameters
@@ -61,7 +64,8 @@ class PayloadFraming:
                                "configuration")
         return header
 
-    def pack(self, body, n, flags=0, contributors=1, dtype=np.float32):
+    def pack(self, body: ArrayLike, n: int, flags: int = 0, contributors: int = 1,
+             dtype: DTypeLike = np.float32) -> np.ndarray:
         """Prepend a header to ``body`` and return the payload.
 
         A device body gives a device payload.
@@ -99,7 +103,8 @@ class PayloadFraming:
         out[HEADER_SIZE:] = body
         return out
 
-    def flagged_payload(self, n, flag, contributors=1, dtype=np.float32):
+    def flagged_payload(self, n: int, flag: int, contributors: int = 1,
+                        dtype: DTypeLike = np.float32) -> np.ndarray:
         """A header-only payload flagged ``NONFINITE`` or ``OVERFLOW``.
 
         Parameters

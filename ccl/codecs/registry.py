@@ -1,15 +1,20 @@
 """The codec registry: ids to classes (:func:`register_codec`, :func:`get_codec`)."""
 
+from __future__ import annotations
+
+from typing import Any, Mapping, TypeVar
+
 from .base import Codec
 from .configurable import check_parameters
 from .header import claim_wire_id
 
 __all__ = ["register_codec", "registered_codecs", "get_codec"]
 
-_REGISTRY = {}
+_REGISTRY: dict[str, type[Codec]] = {}
+CodecT = TypeVar("CodecT", bound=Codec)
 
 
-def register_codec(cls):
+def register_codec(cls: type[CodecT]) -> type[CodecT]:
     """Register a :class:`Codec` subclass under its ``codec_id`` (usable as a decorator).
 
     ``cls`` is the subclass, with ``codec_id`` and ``wire_id`` set.
@@ -47,7 +52,7 @@ def register_codec(cls):
     return cls
 
 
-def registered_codecs():
+def registered_codecs() -> list[str]:
     """Return the registered codec ids, sorted.
 
     Returns
@@ -64,7 +69,8 @@ def registered_codecs():
     return sorted(_REGISTRY)
 
 
-def get_codec(spec=None, **params):
+def get_codec(spec: str | Mapping[str, Any] | Codec | None = None,
+              **params: Any) -> Codec:
     """Return a codec from an id, a numcodecs-style config dict, or a codec.
 
     Parameters

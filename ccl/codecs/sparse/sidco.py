@@ -1,20 +1,23 @@
 """SIDCo: a sparsifier whose threshold comes from a distribution fitted to the magnitudes.
 
 The wire format, decoding and the exact top-k it falls back on are those of
-:mod:`ccl.codecs.sparse` (:class:`~ccl.codecs.sparse.SparseCodec`); this
+the sparse family (:class:`~ccl.codecs.sparse.SparseCodec`); this
 module holds the closed-form threshold fits (exponential, generalized Pareto,
 gamma), the multi-stage refinement and the per-key adaptation of the stage
 count (SIDCo, Abdelmoniem et al., MLSys 2021; ``docs/codecs/sparse.md``).
 """
 
+from __future__ import annotations
+
 import math
+from typing import Any, Mapping
 
 import numpy as np
 
-from . import _sparse_kernels as K
-from .registry import register_codec
-from .sparse import (TINY, SparseCodec, check_density, check_int, count_above, device_ops,
-                     select_above, target_count, threshold_for, top_k, top_k_of)
+from . import _kernels as K
+from ..registry import register_codec
+from ._common import (TINY, SparseCodec, check_density, check_int, count_above, device_ops,
+                      select_above, target_count, threshold_for, top_k, top_k_of)
 
 __all__ = ["SIDCoCodec", "exp_threshold", "gpareto_threshold", "gamma_threshold"]
 
@@ -85,7 +88,7 @@ def gamma_threshold(mean, mean_log, delta):
 
 
 class _HostFit:
-    """The statistics a SIDCo fit reads, by the numba kernels (``_sparse_device`` on a GPU)."""
+    """The statistics a SIDCo fit reads, by the numba kernels (``_device`` on a GPU)."""
 
     @staticmethod
     def moments(x):
@@ -181,7 +184,8 @@ class SIDCoCodec(SparseCodec):
     wire_id = 6
     encode_gbps, decode_gbps = 6.11, 12.68
 
-    def __init__(self, density=0.01, dist="exp", stages=1, adaptive=True):
+    def __init__(self, density: float = 0.01, dist: str = "exp", stages: int = 1,
+                 adaptive: bool = True) -> None:
         self.density = check_density(density)
         if dist not in ("exp", "gpareto", "gamma"):
             raise ValueError(f"dist must be 'exp', 'gpareto' or 'gamma', got {dist!r}")
@@ -360,7 +364,7 @@ class SIDCoCodec(SparseCodec):
         state["ratio_sum"] = 0.0
         state["steps"] = 0
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The adaptive stage state, for checkpoints.
 
         Returns
@@ -378,7 +382,7 @@ class SIDCoCodec(SparseCodec):
                             else float(s["last_error"])})
         return {"version": 1, "adaptive_stages": entries}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (replaces the current state).
 
         Parameters

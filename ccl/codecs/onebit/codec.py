@@ -21,84 +21,15 @@ import struct
 
 import numpy as np
 
-from .._jit import njit, prange
-from ..errors import PayloadError
-from ._shared_kernels import sized_kernel
-from .base import Codec
-from .header import FLAG_OVERFLOW
-from .registry import register_codec
+from ...errors import PayloadError
+from ..base import Codec
+from ..header import FLAG_OVERFLOW
+from ..registry import register_codec
+from ._kernels import BLOCK_BYTES, pack_signs, unpack_signs
 
 __all__ = ["OneBitCodec"]
 
 _SCALE = struct.Struct("<f")
-# Bytes of packed output per parallel block (32768 input values): large enough to
-# amortise scheduling, small enough to give every thread work on a 1M-value chunk.
-_BLOCK_BYTES = 4096
-
-
-@njit
-def _bit(v, shift):
-    # 1 << shift where v is negative; zero and -0.0 count as positive
-    return np.uint32(v < 0) << np.uint32(shift)
-
-
-@sized_kernel()
-def _pack_signs(x, bits, partial):
-    """Pack the signs of ``x`` into ``bits`` and return sum|x| in one pass.
-
-    Sums are taken per fixed block and then added in block order, so the
-    result does not depend on the number of threads.
-    """
-    n = x.size
-    full = n // 8
-    for b in prange(partial.size):
-        start = b * _BLOCK_BYTES
-        stop = min(start + _BLOCK_BYTES, full)
-        # eight accumulators (one per bit position) break the add dependency chain
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
-        for j in range(start, stop):
-            i = 8 * j
-            v0, v1, v2, v3 = x[i], x[i + 1], x[i + 2], x[i + 3]
-            v4, v5, v6, v7 = x[i + 4], x[i + 5], x[i + 6], x[i + 7]
-            a0 += abs(v0)
-            a1 += abs(v1)
-            a2 += abs(v2)
-            a3 += abs(v3)
-            a4 += abs(v4)
-            a5 += abs(v5)
-            a6 += abs(v6)
-            a7 += abs(v7)
-            bits[j] = np.uint8(_bit(v0, 7) | _bit(v1, 6) | _bit(v2, 5) | _bit(v3, 4)
-                               | _bit(v4, 3) | _bit(v5, 2) | _bit(v6, 1) | _bit(v7, 0))
-        partial[b] = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
-    total = 0.0
-    for b in range(partial.size):
-        total += partial[b]
-    if n > 8 * full:
-        last = np.uint32(0)
-        for i in range(8 * full, n):
-            v = x[i]
-            total += abs(v)
-            last |= _bit(v, 7 - (i - 8 * full))
-        bits[full] = np.uint8(last)
-    return total
-
-
-@sized_kernel(size_arg=2)
-def _unpack_signs(bits, scale, out):
-    """Write ``-scale`` where the bit is set and ``+scale`` elsewhere."""
-    n = out.size
-    full = n // 8
-    pos = np.float32(scale)
-    neg = -pos
-    for j in prange(full):
-        byte = bits[j]
-        for t in range(8):
-            out[8 * j + t] = neg if (byte >> (7 - t)) & 1 else pos
-    for i in range(8 * full, n):
-        out[i] = neg if (bits[full] >> (7 - (i - 8 * full))) & 1 else pos
-
-
 @register_codec
 class OneBitCodec(Codec):
     """Scaled sign: 1 bit per value plus a float32 scale ``mean|x|`` per chunk.
@@ -119,7 +50,7 @@ class OneBitCodec(Codec):
 
     codec_id = "onebit"
     wire_id = 10
-    device_twin = "ccl.codecs._onebit_cuda:OneBitTwin"  # see ccl.codecs.device
+    device_twin = "ccl.codecs.onebit._cuda:OneBitTwin"  # see ccl.codecs.device
     homomorphic = False
     error_feedback = True
     bits_per_value = 1.1  # a bit per value, plus a scale per chunk
@@ -129,8 +60,8 @@ class OneBitCodec(Codec):
         n = x.size
         nbytes = (n + 7) // 8
         body = np.empty(_SCALE.size + nbytes, dtype=np.uint8)
-        partial = np.empty((n // 8 + _BLOCK_BYTES - 1) // _BLOCK_BYTES, dtype=np.float64)
-        total = _pack_signs(x, body[_SCALE.size:], partial) if n else 0.0
+        partial = np.empty((n // 8 + BLOCK_BYTES - 1) // BLOCK_BYTES, dtype=np.float64)
+        total = pack_signs(x, body[_SCALE.size:], partial) if n else 0.0
         mean = total / n if n else 0.0
         with np.errstate(over="ignore"):  # a float64 mean above the float32 range is flagged
             scale = np.float32(mean)
@@ -159,5 +90,5 @@ class OneBitCodec(Codec):
         scale, bits = self._parse(header, body)
         out = np.empty(header.n, dtype=np.float32)
         if header.n:
-            _unpack_signs(bits, scale, out)
+            unpack_signs(bits, scale, out)
         return out

@@ -1,4 +1,4 @@
-"""Device twin of the ``dithering`` codec (see :mod:`.dithering`): the CPU's bytes.
+"""Device twin of the ``dithering`` codec (see :mod:`.codec`): the CPU's bytes.
 
 The L2 scale repeats the CPU kernel's summation order (four running sums
 per block, blocks in order), and each element's rounding draws the same
@@ -10,12 +10,13 @@ import math
 import numpy as np
 from numba import cuda
 
-from ..errors import PayloadError
-from ._cuda_common import TWO32, empty_body, launch, mul_rn, ordered_total, put, stream64
-from ._shared_kernels import f32_round_up
-from .device import DeviceTwin
-from .dithering import _BLOCK, _SCALE
-from .header import FLAG_OVERFLOW
+from ...errors import PayloadError
+from .._cuda_common import TWO32, empty_body, launch, mul_rn, ordered_total, put, stream64
+from .._shared_kernels import f32_round_up
+from ..device import DeviceTwin
+from ._kernels import BLOCK
+from .codec import _SCALE
+from ..header import FLAG_OVERFLOW
 
 __all__ = ["DitheringTwin"]
 
@@ -48,7 +49,7 @@ def sum_squares_partial(x, block, partial):
 
 @cuda.jit
 def dither_linear(x, factor, s, seed, out):
-    """Stochastic rounding of ``|x| * factor`` to 0..s (``dithering._dither_linear``)."""
+    """Stochastic rounding of ``|x| * factor`` to 0..s (``_kernels.dither_linear``)."""
     top = np.float64(s)
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         v = x[i]
@@ -61,7 +62,7 @@ def dither_linear(x, factor, s, seed, out):
 
 @cuda.jit
 def dither_natural(x, inv_scale, s, seed, out):
-    """Stochastic rounding to power-of-two levels (``dithering._dither_natural``).
+    """Stochastic rounding to power-of-two levels (``_kernels.dither_natural``).
 
     Uses the CPU's frexp branch for every ``s``: for r in [0, 1] it gives
     the same level and probability as the CPU's exponent-bits branch.
@@ -86,9 +87,9 @@ def dither_natural(x, inv_scale, s, seed, out):
 
 def _sum_squares(x, be):
     """sum x**2 in float64, in the CPU kernel's order (bit-identical)."""
-    nblocks = (x.size + _BLOCK - 1) // _BLOCK
+    nblocks = (x.size + BLOCK - 1) // BLOCK
     partial = be.xp.empty(4 * nblocks, dtype=np.float64)
-    launch(be, sum_squares_partial, partial.size, x, _BLOCK, partial)
+    launch(be, sum_squares_partial, partial.size, x, BLOCK, partial)
     return ordered_total(be.to_host(partial), 4)
 
 

@@ -1,7 +1,7 @@
-"""Device twin of the sparsifying codecs (see :mod:`.sparse`): the body around a selection.
+"""Device twin of the sparsifying codecs (:class:`~ccl.codecs.sparse.SparseCodec`): the body.
 
 The codecs' own ``_select`` chooses the indices on the device (with
-:mod:`._sparse_device`); this twin writes and reads the wire format:
+:mod:`._device`); this twin writes and reads the wire format:
 indices as u32 words or bit-packed gaps, and the values as the codec packs
 them (``_pack_values`` and ``_unpack_values`` on cupy arrays: float32, or
 ``sparseloco``'s 2-bit levels).
@@ -10,11 +10,11 @@ them (``_pack_values`` and ``_unpack_values`` on cupy arrays: float32, or
 import numpy as np
 from numba import cuda
 
-from ._cuda_common import LOW32, empty_body, launch, put, scatter
-from .context import all_finite
-from .device import DeviceTwin
-from .header import FLAG_OVERFLOW
-from .sparse import _BODY_HEAD, BODY_HEAD_SIZE, ENC_ABSOLUTE, ENC_DENSE, VALUES_F32, _layout
+from .._cuda_common import LOW32, empty_body, launch, put, scatter
+from ..context import all_finite
+from ..device import DeviceTwin
+from ..header import FLAG_OVERFLOW
+from ._common import _BODY_HEAD, BODY_HEAD_SIZE, ENC_ABSOLUTE, ENC_DENSE, VALUES_F32, _layout
 
 __all__ = ["SparseTwin"]
 

@@ -1,12 +1,13 @@
-"""Device twin of the ``onebit`` codec (see :mod:`.onebit`): the CPU's bytes, scale included."""
+"""Device twin of the ``onebit`` codec (see :mod:`.codec`): the CPU's bytes, scale included."""
 
 import numpy as np
 from numba import cuda
 
-from ._cuda_common import device_function, empty_body, launch, ordered_total, put
-from .device import DeviceTwin
-from .header import FLAG_OVERFLOW
-from .onebit import _BLOCK_BYTES, _SCALE, _bit as _cpu_bit
+from .._cuda_common import device_function, empty_body, launch, ordered_total, put
+from ..device import DeviceTwin
+from ..header import FLAG_OVERFLOW
+from ._kernels import BLOCK_BYTES, bit as _cpu_bit
+from .codec import _SCALE
 
 __all__ = ["OneBitTwin"]
 
@@ -57,10 +58,10 @@ class OneBitTwin(DeviceTwin):
         xp = be.xp
         n = x.size
         full = n // 8
-        nblocks = (full + _BLOCK_BYTES - 1) // _BLOCK_BYTES
+        nblocks = (full + BLOCK_BYTES - 1) // BLOCK_BYTES
         body = xp.empty(_SCALE.size + (n + 7) // 8, dtype=np.uint8)
         partial = xp.empty(8 * nblocks, dtype=np.float64)
-        launch(be, onebit_partial, partial.size, x, full, _BLOCK_BYTES, partial)
+        launch(be, onebit_partial, partial.size, x, full, BLOCK_BYTES, partial)
         launch(be, onebit_pack, body.size - _SCALE.size, x, body[_SCALE.size:])
         # the CPU's order: eight lane sums per block combined pairwise, blocks added in
         # order, then the tail one element at a time

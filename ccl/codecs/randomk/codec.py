@@ -23,94 +23,22 @@ Body layout (little-endian, after the 32-byte header)::
     offset 16  k float32 values, in ascending index order
 """
 
+from __future__ import annotations
+
 import struct
 
 import numpy as np
 
-from .._jit import njit, prange
-from ..errors import PayloadError
-from ._shared_kernels import sized_kernel, stream64, uniform_below
-from .base import Codec
-from .header import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS
-from .registry import register_codec
+from ...errors import PayloadError
+from .._shared_kernels import stream64
+from ..base import Codec
+from ..header import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS
+from ..registry import register_codec
+from ._kernels import gather, gather_unscaled, sample_sorted, scatter
 
 __all__ = ["RandomKCodec", "randomk_indices"]
 
 _BODY = struct.Struct("<QIB3x")
-_BLOCK_WORDS = 1024  # 65536 candidate indices per parallel block of the bitmap scan
-_ONE = np.uint64(1)
-_SIX = np.uint64(6)
-_LOW6 = np.uint64(63)
-
-
-@njit
-def _popcount(w):
-    # SWAR population count; LLVM turns this idiom into one popcnt instruction.
-    w = w - ((w >> np.uint64(1)) & np.uint64(0x5555555555555555))
-    w = (w & np.uint64(0x3333333333333333)) + ((w >> np.uint64(2)) & np.uint64(0x3333333333333333))
-    w = (w + (w >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
-    return (w * np.uint64(0x0101010101010101)) >> np.uint64(56)
-
-
-@sized_kernel(size_arg=1)
-def _sample_sorted(seed, d, k, out):
-    """Write ``k`` distinct indices drawn uniformly from ``[0, d)`` into ``out``, ascending."""
-    invert = 2 * k > d
-    m = d - k if invert else k
-    nwords = (d + 63) // 64
-    words = np.zeros(nwords, dtype=np.uint64)
-    # Floyd: for j = d-m .. d-1 pick t uniform in [0, j]; if t is taken, take j instead.
-    # Every m-subset comes out with equal probability.
-    first = d - m
-    for c in range(m):
-        j = np.uint64(first + c)
-        t = uniform_below(seed, c, j + _ONE)
-        if (words[t >> _SIX] >> (t & _LOW6)) & _ONE:
-            t = j
-        words[t >> _SIX] |= _ONE << (t & _LOW6)
-    if invert:
-        for w in prange(nwords):
-            words[w] = ~words[w]
-        if d % 64:
-            words[nwords - 1] &= (_ONE << np.uint64(d % 64)) - _ONE
-    nblocks = (nwords + _BLOCK_WORDS - 1) // _BLOCK_WORDS
-    offsets = np.zeros(nblocks + 1, dtype=np.int64)
-    for b in prange(nblocks):
-        count = 0
-        for w in range(b * _BLOCK_WORDS, min((b + 1) * _BLOCK_WORDS, nwords)):
-            count += _popcount(words[w])
-        offsets[b + 1] = count
-    for b in range(nblocks):
-        offsets[b + 1] += offsets[b]
-    for b in prange(nblocks):
-        pos = offsets[b]
-        for w in range(b * _BLOCK_WORDS, min((b + 1) * _BLOCK_WORDS, nwords)):
-            word = words[w]
-            while word:
-                low = word & (~word + _ONE)
-                out[pos] = 64 * w + np.int64(_popcount(low - _ONE))
-                pos += 1
-                word ^= low
-
-
-@sized_kernel(size_arg=1)
-def _gather(x, idx, factor, out):
-    for i in prange(idx.size):
-        out[i] = x[idx[i]] * factor
-
-
-@sized_kernel(size_arg=1)
-def _gather_unscaled(x, idx, out):
-    for i in prange(idx.size):
-        out[i] = x[idx[i]]
-
-
-@sized_kernel(size_arg=1)
-def _scatter(values, idx, out):
-    for i in prange(idx.size):
-        out[idx[i]] = values[i]
-
-
 def randomk_indices(seed, d, k):
     """The ``k`` indices in ``[0, d)`` that every rank draws from ``seed``, ascending.
 
@@ -132,7 +60,7 @@ def randomk_indices(seed, d, k):
         raise ValueError(f"need 0 <= k <= d, got k={k}, d={d}")
     out = np.empty(k, dtype=np.int64)
     if k:
-        _sample_sorted(np.uint64(seed), d, k, out)
+        sample_sorted(np.uint64(seed), d, k, out)
     return out
 
 
@@ -184,7 +112,7 @@ class RandomKCodec(Codec):
 
     codec_id = "randomk"
     wire_id = 9
-    device_twin = "ccl.codecs._randomk_cuda:RandomKTwin"  # see ccl.codecs.device
+    device_twin = "ccl.codecs.randomk._cuda:RandomKTwin"  # see ccl.codecs.device
     homomorphic = True
     error_feedback = True
     encode_gbps, decode_gbps = 11.92, 6.07
@@ -194,7 +122,8 @@ class RandomKCodec(Codec):
         """Expected payload bits per value: a float32 per kept value (indices are shared)."""
         return 32.0 * self.density if self.density is not None else 32.0
 
-    def __init__(self, density=None, k=None, seed=0, scale=None):
+    def __init__(self, density: float | None = None, k: int | None = None, seed: int = 0,
+                 scale: bool | None = None) -> None:
         if density is not None and k is not None:
             raise ValueError("randomk: give either density or k, not both")
         if k is not None:
@@ -280,9 +209,9 @@ class RandomKCodec(Codec):
         if not k:
             return body, 0
         if self.scale:
-            _gather(x, idx, d / k, values)
+            gather(x, idx, d / k, values)
         else:
-            _gather_unscaled(x, idx, values)
+            gather_unscaled(x, idx, values)
         # float64 input beyond the float32 range, or a scaled value beyond it
         if x.dtype != np.float32 or self.scale:
             if not np.isfinite(values).all():
@@ -331,7 +260,7 @@ class RandomKCodec(Codec):
         k, values, seed = self._parse_for(header, body, ctx)
         out = np.zeros(header.n, dtype=np.float32)
         if k:
-            _scatter(values, randomk_indices(seed, header.n, k), out)
+            scatter(values, randomk_indices(seed, header.n, k), out)
         return out
 
     def _add(self, ha, a_body, hb, b_body, ctx):

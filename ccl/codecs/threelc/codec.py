@@ -1,7 +1,7 @@
 """3LC: three-value quantization, quartic encoding and zero-run encoding.
 
-After Lim, Andersen and Kaminsky (MLSys 2019); the canonical ccl format is
-section 1 of the codec specification and ``docs/codecs/3lc.md``.
+After Lim, Andersen and Kaminsky (MLSys 2019); ``docs/codecs/3lc.md`` gives
+ccl's wire format and its exact rounding rules.
 
 Each chunk is scaled by ``M = max|x| * s`` (a float32 on the wire), rounded
 half to even to {-1, 0, +1}, packed five ternary digits per byte
@@ -11,16 +11,18 @@ reverses the stages. The codec is biased and relies on error feedback (the
 collectives keep the residual); it is not homomorphic.
 """
 
+from __future__ import annotations
+
 import math
 import struct
 
 import numpy as np
 
-from ..errors import PayloadError
-from . import _threelc_kernels as K
-from .base import Codec
-from .header import FLAG_OVERFLOW
-from .registry import register_codec
+from ...errors import PayloadError
+from . import _kernels as K
+from ..base import Codec
+from ..header import FLAG_OVERFLOW
+from ..registry import register_codec
 
 __all__ = ["ThreeLCCodec", "scale_for", "quartic_encode", "quartic_decode", "zre_encode",
            "zre_decode"]
@@ -171,7 +173,7 @@ class ThreeLCCodec(Codec):
 
     codec_id = "3lc"
     wire_id = 4
-    device_twin = "ccl.codecs._threelc_cuda:ThreeLCTwin"  # see ccl.codecs.device
+    device_twin = "ccl.codecs.threelc._cuda:ThreeLCTwin"  # see ccl.codecs.device
     homomorphic = False
     error_feedback = True
     # 5 ternary values per byte make 1.6 bits before the zero-run pass; in steady state
@@ -180,7 +182,7 @@ class ThreeLCCodec(Codec):
     bits_per_value = 0.45
     encode_gbps, decode_gbps = 7.35, 5.47
 
-    def __init__(self, s=DEFAULT_S):
+    def __init__(self, s: float = DEFAULT_S) -> None:
         if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)) \
                 or not 0.0 < float(s) < 2.0:
             raise ValueError(f"3lc: s must be a number with 0 < s < 2, got {s!r}")

@@ -1,6 +1,6 @@
 """numba kernels of the 3LC codec: max-abs, fused quantize + quartic fold, zero-run coding.
 
-The quartic layout is the canonical one of the codec spec: with
+The quartic layout is the wire format's (``docs/codecs/3lc.md``): with
 ``L = ceil(n/5)``, byte ``i`` packs element ``i`` of each of five equal
 contiguous partitions ``P_k = t[k*L:(k+1)*L]`` (``t = q + 1``, padded with
 digit 1), as ``81*P_0[i] + 27*P_1[i] + 9*P_2[i] + 3*P_3[i] + P_4[i]``.
@@ -12,8 +12,8 @@ malformed stream with a non-zero return code instead of writing past it.
 
 import numpy as np
 
-from .._jit import njit, prange
-from ._shared_kernels import masked_max, sized_kernel
+from ..._jit import njit, prange
+from .._shared_kernels import masked_max, sized_kernel
 
 ZERO_BYTE = 121     # five zero digits: 81 + 27 + 9 + 3 + 1
 RUN_BASE = 241      # a byte b in 243..255 is a run of b - 241 zero bytes

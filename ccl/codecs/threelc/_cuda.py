@@ -1,7 +1,7 @@
-"""Device twin of the 3LC codec (see :mod:`.threelc`): max-abs, quartic folding, zero runs.
+"""Device twin of the 3LC codec (see :mod:`.codec`): max-abs, quartic folding, zero runs.
 
 The fold and unfold are one thread per quartic byte with the CPU's digit
-rule (:func:`ccl.codecs._threelc_kernels._digit`, compiled for the device).
+rule (:func:`._kernels._digit`, compiled for the device).
 Zero-run coding, serial on the CPU, becomes a prefix sum: every byte learns
 where its code goes from an exclusive ``cumsum`` of the code lengths, then
 one kernel writes.
@@ -10,11 +10,11 @@ one kernel writes.
 import numpy as np
 from numba import cuda
 
-from . import _threelc_kernels as K
-from ._cuda_common import device_function, empty_body, launch, put, zeros
-from .device import DeviceTwin
-from .header import FLAG_OVERFLOW
-from .threelc import (_ABS_MASKS, _BODY_HEADER, BODY_HEADER_SIZE, LAYOUT_FIVE_PARTITIONS,
+from . import _kernels as K
+from .._cuda_common import device_function, empty_body, launch, put, zeros
+from ..device import DeviceTwin
+from ..header import FLAG_OVERFLOW
+from .codec import (_ABS_MASKS, _BODY_HEADER, BODY_HEADER_SIZE, LAYOUT_FIVE_PARTITIONS,
                       _check, quartic_len, scale_for)
 
 __all__ = ["ThreeLCTwin", "zre_encode"]

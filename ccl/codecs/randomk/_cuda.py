@@ -1,4 +1,4 @@
-"""Device twin of the ``randomk`` codec (see :mod:`.randomk`): Floyd's draws in parallel.
+"""Device twin of the ``randomk`` codec (see :mod:`.codec`): Floyd's draws in parallel.
 
 The indices are the CPU's (:func:`randomk_indices`): every draw of Floyd's
 algorithm depends only on the seed and its step, so all are drawn at once,
@@ -8,11 +8,11 @@ and which of them fell back to ``j`` is resolved without the serial loop.
 import numpy as np
 from numba import cuda
 
-from ._cuda_common import empty_body, launch, put, scatter, uniform_below
-from .context import all_finite
-from .device import DeviceTwin
-from .header import FLAG_OVERFLOW
-from .randomk import _BODY
+from .._cuda_common import empty_body, launch, put, scatter, uniform_below
+from ..context import all_finite
+from ..device import DeviceTwin
+from ..header import FLAG_OVERFLOW
+from .codec import _BODY
 
 __all__ = ["RandomKTwin", "randomk_indices"]
 

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .._jit import njit
+from ..._jit import njit
 
 __all__ = [
     "abs_moments", "abs_log_moments_f32", "nonzero_log_sum", "count_above", "select_above",
@@ -81,7 +81,10 @@ def abs_log_moments_f32(x, bits):
 
 @njit
 def nonzero_log_sum(x):
-    """Return ``(sum ln|x| over nonzeros, nonzero count)`` for any float dtype (libm ``log``, slower)."""
+    """Return ``(sum ln|x| over nonzeros, nonzero count)`` for any float dtype.
+
+    Uses libm ``log``: slower than the polynomial of the float32 kernel.
+    """
     sl = 0.0
     nz = 0
     for i in range(x.size):
@@ -228,7 +231,10 @@ def scatter_gaps(words, k, w, values, out):
 
 @njit
 def scatter_absolute(idx, values, out):
-    """Write ``values`` at the u32 indices ``idx``; 0, or 1 if an index is out of range, 3 if not ascending."""
+    """Write ``values`` at the u32 indices ``idx``.
+
+    Returns 0, or 1 if an index is out of range, 3 if they are not ascending.
+    """
     n = out.size
     prev = -1
     for j in range(idx.size):

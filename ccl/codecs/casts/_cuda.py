@@ -1,18 +1,18 @@
-"""Device twins of the cast codecs ``none``, ``fp16`` and ``bf16`` (see :mod:`.casts`)."""
+"""Device twins of the cast codecs ``none``, ``fp16`` and ``bf16`` (see :mod:`.codec`)."""
 
 import numpy as np
 from numba import cuda
 
-from ._cuda_common import empty_body, launch, zeros
-from .device import DeviceTwin, pack
-from .header import FLAG_OVERFLOW
+from .._cuda_common import empty_body, launch, zeros
+from ..device import DeviceTwin, pack
+from ..header import FLAG_OVERFLOW
 
 __all__ = ["NoneTwin", "FP16Twin", "BF16Twin"]
 
 
 @cuda.jit
 def fp16_encode(x, bits, out, flag):
-    """float32 -> IEEE half bits, round to nearest even (``casts._to_fp16``); flag overflow.
+    """float32 -> IEEE half bits, round to nearest even (``_kernels.to_fp16``); flag overflow.
 
     ``bits`` is ``x`` viewed as uint32. Subnormal halves: adding 0.5 puts
     the 2^-24 unit at the last mantissa bit, so the FPU rounds to even
@@ -57,7 +57,7 @@ def fp16_decode(halves, out_bits):
 
 @cuda.jit
 def bf16_encode(bits, out, flag):
-    """float32 bits -> bfloat16, round to nearest even (``casts._to_bf16``); flag overflow."""
+    """float32 bits -> bfloat16, round to nearest even (``_kernels.to_bf16``); flag overflow."""
     for i in range(cuda.grid(1), bits.size, cuda.gridsize(1)):
         u = bits[i]
         rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
@@ -67,7 +67,7 @@ def bf16_encode(bits, out, flag):
 
 
 class _CastTwin(DeviceTwin):
-    """Relays add decoded values and re-cast, as ``casts._CastCodec._add`` does."""
+    """Relays add decoded values and re-cast, as ``codec._CastCodec._add`` does."""
 
     @classmethod
     def add(cls, codec, ha, a_body, hb, b_body, ctx, be):

@@ -20,12 +20,15 @@ later, like the values top-k leaves out. ``docs/codecs/sparse.md`` has the
 layout.
 """
 
+from __future__ import annotations
+
 import numpy as np
 
-from .._xp import backend_of
-from ..errors import PayloadError
-from .registry import register_codec
-from .sparse import VALUES_2BIT, TopKCodec, check_int, target_count
+from ..._xp import backend_of
+from ...errors import PayloadError
+from ..registry import register_codec
+from ._common import VALUES_2BIT, check_int, target_count
+from .topk import TopKCodec
 
 __all__ = ["SparseLoCoCodec", "pack_levels", "unpack_levels", "block_top_k"]
 
@@ -190,7 +193,8 @@ class SparseLoCoCodec(TopKCodec):
     # python -m ccl.bench codecs --codecs sparseloco --elements 16777216, on a loaded 2-core VM
     encode_gbps, decode_gbps = 0.17, 0.82
 
-    def __init__(self, density=None, k=None, block=None):
+    def __init__(self, density: float | None = None, k: int | None = None,
+                 block: int | None = None) -> None:
         super().__init__(density=0.02 if density is None and k is None else density, k=k)
         self.block = None if block is None else check_int(block, "block", 1)
 

@@ -9,12 +9,12 @@ not fit.
 
 import numpy as np
 
-from .._jit import njit
-from ..errors import PayloadError
-from .base import Codec
-from .context import all_finite
-from .header import FLAG_OVERFLOW
-from .registry import register_codec
+from ...errors import PayloadError
+from ..base import Codec
+from ..context import all_finite
+from ..header import FLAG_OVERFLOW
+from ..registry import register_codec
+from ._kernels import FP16_TO_FP32, from_fp16, to_bf16, to_fp16
 
 __all__ = ["NoneCodec", "FP16Codec", "BF16Codec"]
 
@@ -40,6 +40,26 @@ class _CastCodec(Codec):
                                f"{header.n} elements of {itemsize} bytes")
 
 
+class _HalfCodec(_CastCodec):
+    """A cast codec to a 16-bit format: the kernel that writes the bits is all that differs.
+
+    ``_to_half(x32, out)`` writes the 16-bit patterns of the float32 ``x32``
+    into the ``uint16`` array ``out`` and returns True when a finite value
+    overflowed the format.
+    """
+
+    predivide_mean = True
+    bits_per_value = 16.0
+    _to_half = None
+
+    def _encode(self, x, ctx):
+        x32 = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty(x32.size, dtype=np.uint16)
+        if x32.size and self._to_half(x32, out):
+            return np.empty(0, np.uint8), FLAG_OVERFLOW
+        return out.view(np.uint8), 0
+
+
 @register_codec
 class NoneCodec(_CastCodec):
     """No compression: values travel in the input's own dtype.
@@ -59,7 +79,7 @@ class NoneCodec(_CastCodec):
 
     codec_id = "none"
     wire_id = 1
-    device_twin = "ccl.codecs._casts_cuda:NoneTwin"  # see ccl.codecs.device
+    device_twin = "ccl.codecs.casts._cuda:NoneTwin"  # see ccl.codecs.device
     input_dtypes = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
     identity = True
     encode_gbps, decode_gbps = 5.35, 4.92
@@ -87,43 +107,8 @@ class NoneCodec(_CastCodec):
         return body.view(header.dtype).copy()
 
 
-@njit
-def _to_fp16(x, out):
-    # float32 -> IEEE half bits, round to nearest even, branch-free so it vectorises
-    # (bit-exact with numpy's cast). Returns True if a finite input became Inf.
-    bits = x.view(np.uint32)
-    largest = np.uint32(0)
-    for i in range(x.size):
-        u = bits[i]
-        a = u & np.uint32(0x7FFFFFFF)
-        # normal halves: round the mantissa at bit 13 (ties to even), rebias 127 -> 15
-        normal = ((a + np.uint32(0xFFF) + ((a >> np.uint32(13)) & np.uint32(1)))
-                  >> np.uint32(13)) - np.uint32(0x1C000)
-        # subnormal halves count units of 2^-24; the scaling is exact, rint rounds to even
-        subnormal = np.uint32(np.rint(abs(x[i]) * np.float32(16777216.0)))
-        half = subnormal if a < np.uint32(0x38800000) else normal
-        half = np.uint32(0x7C00) if a >= np.uint32(0x477FF000) else half
-        out[i] = np.uint16(((u >> np.uint32(16)) & np.uint32(0x8000)) | half)
-        largest = max(largest, a)
-    return largest >= np.uint32(0x477FF000)  # 65520 and above round to Inf
-
-
-def _fp16_table():
-    # every half bit pattern's float32 value: decoding is one table lookup per value
-    return np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-
-
-_FP16_TO_FP32 = _fp16_table()
-
-
-@njit
-def _from_fp16(halves, table, out):
-    for i in range(halves.size):
-        out[i] = table[halves[i]]
-
-
 @register_codec
-class FP16Codec(_CastCodec):
+class FP16Codec(_HalfCodec):
     """IEEE half precision: 16 bits per value, 2x smaller than float32.
 
     Values above 65504 in magnitude do not fit: the payload is flagged
@@ -145,41 +130,19 @@ class FP16Codec(_CastCodec):
 
     codec_id = "fp16"
     wire_id = 2
-    device_twin = "ccl.codecs._casts_cuda:FP16Twin"  # see ccl.codecs.device
-    predivide_mean = True
-    bits_per_value = 16.0
+    device_twin = "ccl.codecs.casts._cuda:FP16Twin"  # see ccl.codecs.device
+    _to_half = staticmethod(to_fp16)
     encode_gbps, decode_gbps = 2.13, 2.52
-
-    def _encode(self, x, ctx):
-        x32 = np.ascontiguousarray(x, dtype=np.float32)
-        out = np.empty(x32.size, dtype=np.uint16)
-        if x32.size and _to_fp16(x32, out):
-            return np.empty(0, np.uint8), FLAG_OVERFLOW
-        return out.view(np.uint8), 0
 
     def _decode(self, header, body, ctx):
         self._check_body(header, body, 2)
         out = np.empty(header.n, dtype=np.float32)
-        _from_fp16(body.view(np.uint16), _FP16_TO_FP32, out)
+        from_fp16(body.view(np.uint16), FP16_TO_FP32, out)
         return out
 
 
-@njit
-def _to_bf16(x, out):
-    # Round to nearest, ties to even, on the top 16 bits of the float32 pattern.
-    bits = x.view(np.uint32)
-    overflow = False
-    for i in range(x.size):
-        u = bits[i]
-        rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-        out[i] = np.uint16(rounded)
-        if (rounded & np.uint32(0x7F80)) == np.uint32(0x7F80):
-            overflow = True
-    return overflow
-
-
 @register_codec
-class BF16Codec(_CastCodec):
+class BF16Codec(_HalfCodec):
     """bfloat16: float32's exponent range with 8 bits of mantissa, 16 bits per value.
 
     Sent as bytes: the PyPI MPI wheels have no bfloat16 datatype.
@@ -195,17 +158,9 @@ class BF16Codec(_CastCodec):
 
     codec_id = "bf16"
     wire_id = 3
-    device_twin = "ccl.codecs._casts_cuda:BF16Twin"  # see ccl.codecs.device
-    predivide_mean = True
-    bits_per_value = 16.0
+    device_twin = "ccl.codecs.casts._cuda:BF16Twin"  # see ccl.codecs.device
+    _to_half = staticmethod(to_bf16)
     encode_gbps, decode_gbps = 5.50, 6.21
-
-    def _encode(self, x, ctx):
-        x32 = np.ascontiguousarray(x, dtype=np.float32)
-        out = np.empty(x32.size, dtype=np.uint16)
-        if x32.size and _to_bf16(x32, out):
-            return np.empty(0, np.uint8), FLAG_OVERFLOW
-        return out.view(np.uint8), 0
 
     def _decode(self, header, body, ctx):
         self._check_body(header, body, 2)

@@ -20,7 +20,7 @@ core each, and ``parallel=True`` would triple the compile time.
 
 import numpy as np
 
-from .._jit import njit
+from ..._jit import njit
 
 __all__ = ["fwht", "rotate", "encode_blocks", "decode_blocks", "add_lanes", "pack_bits",
            "unpack_bits", "sum_squares"]
@@ -236,7 +236,7 @@ def pack_bits(idx, bits):
 
 @njit
 def unpack_bits(data, bits, count):
-    """Unpack ``count`` values of ``bits`` bits (``data`` must hold ``ceil(count*bits/8)`` bytes)."""
+    """Unpack ``count`` values of ``bits`` bits (``data`` holds ``ceil(count*bits/8)`` bytes)."""
     idx = np.empty(count, dtype=np.uint8)
     _unpack_from(data, 0, bits, count, idx)
     return idx

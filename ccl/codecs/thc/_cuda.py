@@ -1,4 +1,4 @@
-"""Device twin of the THC codec (see :mod:`.thc`): rotation, rounding, packing, lanes.
+"""Device twin of the THC codec (see :mod:`.codec`): rotation, rounding, packing, lanes.
 
 The rotation signs and rounding draws come from the same counter-based
 streams as on the CPU (:func:`ccl.codecs._cuda_common.stream64`), element by
@@ -9,12 +9,12 @@ runs one radix-2 stage per launch.
 import numpy as np
 from numba import cuda
 
-from .._xp import backend_of
-from ._cuda_common import LOW32, TWO32, empty_body, launch, put, stream64
-from ._thc_tables import kernel_tables
-from .device import DeviceTwin
-from .header import FLAG_OVERFLOW
-from .thc import BODY_HEADER_SIZE, KIND_PACKED
+from ..._xp import backend_of
+from .._cuda_common import LOW32, TWO32, empty_body, launch, put, stream64
+from ._tables import kernel_tables
+from ..device import DeviceTwin
+from ..header import FLAG_OVERFLOW
+from .codec import BODY_HEADER_SIZE, KIND_PACKED
 
 __all__ = ["THCTwin", "add_lanes"]
 
@@ -140,7 +140,7 @@ def _fwht(buf, block, be):
 
 
 def add_lanes(a, a_width, b, b_width, bits, levels, padded, out, out_width):
-    """Device twin of :func:`ccl.codecs._thc_kernels.add_lanes` (same arguments)."""
+    """Device twin of :func:`._kernels.add_lanes` (same arguments)."""
     be = backend_of(out)
     launch(be, thc_add_lanes, padded, a, a_width, b, b_width, bits, be.to_device(levels),
            out, out_width)

@@ -1,6 +1,6 @@
-"""Device versions of the selections and fit statistics of :mod:`ccl.codecs.sparse`.
+"""Device versions of the selections and fit statistics of the sparse codecs.
 
-Array-module code (``cupy`` on a GPU), no numba.cuda: :mod:`.sparse` asks
+Array-module code (``cupy`` on a GPU), no numba.cuda: :mod:`._common` asks
 for :data:`OPS` when its input is a device array, so the same selection
 code runs on both. Selections (``count_above``, ``select_above``,
 ``top_k``) are exact, so top-k and DGC choose the CPU's elements. The SIDCo
@@ -11,7 +11,7 @@ bits and, rarely, select one element more or fewer near the threshold.
 
 import numpy as np
 
-from .._xp import backend_of
+from ..._xp import backend_of
 
 __all__ = ["SparseOps", "OPS"]
 

@@ -16,9 +16,11 @@ spread over its ``n`` elements, a rotated coordinate of a full block has
 mean square ``||x||² / n``, so rotated values are scaled by
 ``sqrt(n) / max_norm`` (``z ≈ N(0, ||x||²/max_norm²)``, variance at most 1)
 before the clamp to ``[-T, T]``. With ``n = P`` (no padding) this is the
-spec's ``sqrt(D)``; scaling by ``sqrt(P)`` instead would inflate ``z`` by
+paper's ``sqrt(D)``; scaling by ``sqrt(P)`` instead would inflate ``z`` by
 ``sqrt(P/n)`` (up to 1.4x) and clamp a partly filled last block hard.
 """
+
+from __future__ import annotations
 
 import math
 import struct
@@ -26,13 +28,13 @@ import zlib
 
 import numpy as np
 
-from .._xp import backend_of
-from ..errors import PayloadError
-from . import _thc_kernels as _k
-from ._thc_tables import GRID_POINTS, MAX_G, clamp_t, kernel_tables, receiver_table
-from .base import Codec
-from .header import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS
-from .registry import register_codec
+from ..._xp import backend_of
+from ...errors import PayloadError
+from . import _kernels as _k
+from ._tables import GRID_POINTS, MAX_G, clamp_t, kernel_tables, receiver_table
+from ..base import Codec
+from ..header import FLAG_OVERFLOW, MAX_UNCHECKED_ELEMENTS
+from ..registry import register_codec
 
 __all__ = ["THCCodec"]
 
@@ -78,7 +80,7 @@ class THCCodec(Codec):
         ``T = Φ⁻¹(1 - p/2)`` standard deviations.
     table : {"optimal", "uniform"}
         ``"optimal"``: levels chosen by the dynamic programme of
-        ``ccl.codecs._thc_tables`` (the reference tables); ``"uniform"``: evenly spaced levels
+        ``ccl.codecs.thc._tables`` (the reference tables); ``"uniform"``: evenly spaced levels
         ``round(i*g/(q-1))`` on the same clamp.
     seed : int
         Rotation seed, identical on all ranks (0 to 2^32 - 1).
@@ -101,7 +103,7 @@ class THCCodec(Codec):
 
     codec_id = "thc"
     wire_id = 5
-    device_twin = "ccl.codecs._thc_cuda:THCTwin"  # see ccl.codecs.device
+    device_twin = "ccl.codecs.thc._cuda:THCTwin"  # see ccl.codecs.device
     homomorphic = True
     error_feedback = True
     shared_statistics = True
@@ -129,7 +131,8 @@ class THCCodec(Codec):
             return float(self.bits)
         return float(8 * (lane_bytes(contributors, self.g) or 4))
 
-    def __init__(self, bits=4, g=15, p=1 / 32, table="optimal", seed=42, block=1024):
+    def __init__(self, bits: int = 4, g: int = 15, p: float = 1 / 32, table: str = "optimal",
+                 seed: int = 42, block: int = 1024) -> None:
         if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) \
                 or bits not in (2, 3, 4):
             raise ValueError(f"THC bits must be the int 2, 3 or 4, got {bits!r}")
