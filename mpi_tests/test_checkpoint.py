@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import ccl.torch as ct  # noqa: E402
+import ccl.torch.checkpoint  # noqa: E402,F401
 from checkpoints.scenarios import BEFORE, MORE, NAMES, Run  # noqa: E402
 from conftest import assert_same_on_all_ranks  # noqa: E402
 
@@ -90,3 +91,34 @@ def test_saved_checkpoint_loads(comm, hvd, version, name):
         run.train(1, start=BEFORE)  # and training goes on
         if name not in ("fsdp", "diloco"):  # replicas: the same weights on every rank
             assert_same_on_all_ranks(comm, run.flat().numpy())
+
+
+def test_a_state_of_another_object_or_a_newer_format_is_refused(comm, hvd):
+    adam = fixture(VERSIONS[-1], "adam", comm.rank % 2)["ccl"]["ccl"]
+    run = Run("diloco")
+    with pytest.raises(ValueError, match="checkpoint of a ccl CompressedAdam, not of a DiLoCo"):
+        run.ccl.load_state_dict(adam)
+    newer = dict(run.ccl.state_dict(), version=ct.checkpoint.FORMAT_VERSION + 1)
+    with pytest.raises(ValueError, match="format version .* is not supported"):
+        run.ccl.load_state_dict(newer)
+    with pytest.raises(ValueError, match="not a ccl DiLoCo state"):
+        run.ccl.load_state_dict({"version": 1})
+    run.train(1)  # nothing was loaded: the run goes on from where it was
+
+
+@pytest.mark.parametrize("name", ["optimizer", "adam", "ddp", "fsdp", "diloco"])
+def test_every_object_saves_the_one_format(comm, hvd, name):
+    run = Run(name)
+    run.train(2)
+    state = run.ccl.state_dict()
+    entry = state.get("ccl", state)
+    owner = {"optimizer": "DistributedOptimizer", "adam": "CompressedAdam",
+             "ddp": "DDPHookState", "fsdp": "FSDPState", "diloco": "DiLoCo"}[name]
+    assert (entry["version"], entry["owner"]) == (ct.checkpoint.FORMAT_VERSION, owner)
+    assert (entry["rank"], entry["size"]) == (comm.rank, comm.size)
+    assert entry["steps"] == (None if name == "fsdp" else 2)
+    assert {c["codec"]["id"] for c in entry["communicators"]} <= {"thc", "onebit"}
+    # a rank's own state loads without a word
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run.ccl.load_state_dict(state)

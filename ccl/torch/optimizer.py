@@ -229,7 +229,8 @@ class _DistributedMixin:
                                "reduced: call step() or synchronize() first")
         state_dict = dict(state_dict)
         ccl_state = state_dict.pop("ccl", None)
-        own = ccl_state is not None and self._ccl.check_state(ccl_state)
+        if ccl_state is not None:
+            ccl_state, own = self._ccl.check_state(ccl_state)
         super().load_state_dict(state_dict)
         if ccl_state is not None:
             self._ccl.load_state_dict(ccl_state, own)
