@@ -1,10 +1,10 @@
 """One checkpoint format for everything in ``ccl.torch`` that keeps error feedback.
 
 ``DistributedOptimizer`` and ``CompressedAdam`` (under ``"ccl"`` in their
-``state_dict()``), the DDP hook's :class:`~ccl.torch.ddp.DDPHookState`,
+``state_dict()``), the DDP hook's :class:`~ccl.torch.DDPHookState`,
 :class:`~ccl.torch.fsdp.FSDPState` and :class:`~ccl.torch.DiLoCo` save the
-same entries (:func:`save`), checked in one place (:func:`checked`) and
-loaded under one policy (:func:`owns`, :func:`restore`):
+same entries (``save``), checked in one place (``checked``) and loaded
+under one policy (``owns``, ``restore``):
 
 - ``version`` (:data:`FORMAT_VERSION`), ``owner`` (which object saved it),
   ``rank`` and ``size`` (of the saving rank), ``layout`` (what the
@@ -18,10 +18,10 @@ loaded under one policy (:func:`owns`, :func:`restore`):
   world size loads whole; any other (rank 0's file on every rank, or a job
   restarted at another size) loads everything else, the steps included,
   while the residuals start from zero, with one
-  :class:`ResidualsNotLoadedWarning`. As with a plain ``torch.optim`` state
+  :class:`~ccl.torch.ResidualsNotLoadedWarning`. As with a plain ``torch.optim`` state
   dict, nothing is refused for the world size alone.
 
-Files of an earlier format version still load: :func:`checked` upgrades them.
+Files of an earlier format version still load: ``checked`` upgrades them.
 """
 
 from __future__ import annotations
