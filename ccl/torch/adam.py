@@ -51,6 +51,7 @@ bucket's allreduce in the background once the bucket is complete.
 
 import warnings
 import zlib
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -199,11 +200,14 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
     1
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
-                 named_parameters=None, codec="onebit", algorithm="auto", warmup_steps=100,
-                 lr_corrected=False, min_compress_bytes=MIN_COMPRESS_BYTES,
-                 fusion_threshold_bytes=64 * 1024 * 1024, backward_passes_per_step=1,
-                 grad_scaler=None):
+    def __init__(self, params: Iterable, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, *,
+                 named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                 codec: Any = "onebit", algorithm: str = "auto", warmup_steps: int = 100,
+                 lr_corrected: bool = False, min_compress_bytes: int = MIN_COMPRESS_BYTES,
+                 fusion_threshold_bytes: int = 64 * 1024 * 1024,
+                 backward_passes_per_step: int = 1, grad_scaler: Any = None) -> None:
         runtime = current()
         error, signature = None, None
         try:
@@ -368,7 +372,7 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
         return torch.div(m, d, out=d).clamp_(-limit, limit)
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Average over all ranks and update the parameters (collective).
 
         The reductions of buckets whose gradients are complete started during
@@ -415,7 +419,7 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
         self._means = None
         return loss
 
-    def add_param_group(self, param_group):
+    def add_param_group(self, param_group: dict) -> None:
         """Refused after construction: the buckets and their keys are fixed then.
 
         Parameters

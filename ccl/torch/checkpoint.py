@@ -29,15 +29,14 @@ from __future__ import annotations
 import warnings
 from typing import Any, Sequence
 
-from .functions import load_steps, to_numpy_tree, to_torch_tree
+import numpy as np
+import torch
 
-__all__ = ["FORMAT_VERSION", "ResidualsNotLoadedWarning", "save", "checked", "owns", "restore"]
+__all__ = ["FORMAT_VERSION", "ResidualsNotLoadedWarning", "save", "checked", "owns", "restore",
+           "load_steps", "to_torch_tree", "to_numpy_tree"]
 
 #: Version of the checkpoint format. 1: each object had a format of its own.
 FORMAT_VERSION = 2
-
-#: What each owner's state is called in messages.
-OWNERS = ("DistributedOptimizer", "CompressedAdam", "DDPHookState", "FSDPState", "DiLoCo")
 
 
 class ResidualsNotLoadedWarning(UserWarning):
@@ -191,6 +190,45 @@ def owns(entry: dict, rank: int, size: int, stacklevel: int = 3) -> bool:
                   "load each rank's own state at the same world size",
                   ResidualsNotLoadedWarning, stacklevel=stacklevel)
     return False
+
+
+def to_torch_tree(obj):
+    """numpy arrays -> tensors in a nested structure (checkpoints load with weights_only)."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj, copy=True))
+    if isinstance(obj, dict):
+        return {k: to_torch_tree(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(to_torch_tree(v) for v in obj)
+    return obj
+
+
+def to_numpy_tree(obj):
+    """Tensors -> numpy arrays in a nested structure (the inverse of :func:`to_torch_tree`)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().numpy().copy()
+    if isinstance(obj, dict):
+        return {k: to_numpy_tree(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(to_numpy_tree(v) for v in obj)
+    return obj
+
+
+def load_steps(communicator, state):
+    """Load another rank's :meth:`ccl.Communicator.state_dict`: every key's step, no residual.
+
+    Every rank's keys are at the same step (the ranks agree on it at every
+    call), so a checkpoint saved on one rank gives every rank the steps it
+    needs; residuals are per rank and start from zero.
+
+    Parameters
+    ----------
+    communicator : ccl.Communicator
+    state : dict
+        Its ``state_dict()`` saved on another rank (arrays as tensors or numpy).
+    """
+    feedback = {key: {**entry, "residuals": {}} for key, entry in state["feedback"].items()}
+    communicator.feedback.load_state_dict(feedback)
 
 
 def restore(communicator: Any, saved: dict, own: bool) -> None:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..agreement import agree
+from ..api import Communicator
 from ..collectives import Options
 from .buckets import work_dtype
 from .engine import STEP, Engine, Job, StepCheck
@@ -106,14 +107,14 @@ class DDPHookState:
     >>> ddp.register_comm_hook(state, ct.ccl_comm_hook)  # doctest: +SKIP
     """
 
-    def __init__(self, codec: Any = None, algorithm: str = "auto", *legacy: Any,
+    def __init__(self, codec: Any, algorithm: str = "auto", *legacy: Any,
                  **options: Any) -> None:
         if hasattr(codec, "comm") and legacy:  # DDPHookState(runtime, codec, algorithm, options)
             warnings.warn("DDPHookState(runtime, codec, algorithm, options) is deprecated: "
                           "call DDPHookState(codec, algorithm, **options)", DeprecationWarning,
                           stacklevel=2)
-            runtime, codec, algorithm, options, powersgd = \
-                codec, algorithm, legacy[0], legacy[1], (legacy[2:] or [None])[0]
+            powersgd = legacy[2] if len(legacy) > 2 else options.get("powersgd")
+            runtime, codec, algorithm, options = codec, algorithm, legacy[0], legacy[1]
         elif legacy:
             raise TypeError("DDPHookState() takes the codec and the algorithm positionally, "
                             "the Communicator options by keyword")
@@ -137,7 +138,7 @@ class DDPHookState:
         self._error = None  # the first error of the pass in progress, raised at its end
 
     @property
-    def communicator(self):
+    def communicator(self) -> Communicator:
         """The :class:`ccl.Communicator` the buckets are averaged with (its ``stats()``)."""
         return self.engine.communicator
 
@@ -148,7 +149,7 @@ class DDPHookState:
             self._seen.append(param)
         return number
 
-    def key(self, bucket):
+    def key(self, bucket: dist.GradBucket) -> str:
         """The error-feedback key of a bucket: the numbers of its parameters.
 
         Parameters
@@ -207,7 +208,7 @@ class DDPHookState:
             groups.append(tuple(sorted(members)))
         return groups
 
-    def reduce(self, bucket):
+    def reduce(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """Start averaging ``bucket`` over all ranks; return the future of the average.
 
         Parameters

@@ -23,6 +23,7 @@ all-reduce hook (``set_all_reduce_hook``).
 
 import collections
 import weakref
+from typing import Any
 
 import numpy as np
 import torch
@@ -241,11 +242,11 @@ class FSDPState:
         return grads, exact, cross_comm, gather
 
     @property
-    def communicators(self):
+    def communicators(self) -> list[Communicator]:
         """list of ccl.Communicator: every communicator installed (their ``stats()``)."""
         return list(self._communicators)
 
-    def stats(self):
+    def stats(self) -> dict:
         """What this rank sent through ccl, in total, per collective and per FSDP module.
 
         Returns
@@ -326,7 +327,8 @@ class FSDPState:
             checkpoint.restore(c, saved, own)
 
 
-def fsdp_compress(model, codec=None, all_gather_codec=None, algorithm="auto", **options):
+def fsdp_compress(model: torch.nn.Module, codec: Any = None, all_gather_codec: Any = None,
+                  algorithm: str = "auto", **options: Any) -> FSDPState:
     """Compress FSDP2's gradients (and weights) with ccl codecs (collective).
 
     Installs ccl's reduce-scatter on every ``fully_shard``-ed module of

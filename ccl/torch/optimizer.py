@@ -180,7 +180,7 @@ class _DistributedMixin:
             del self.param_groups[groups:]
             raise
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         """The wrapped optimizer's state dict plus this rank's error-feedback state ("ccl").
 
         The ``"ccl"`` entry holds each bucket's residuals as tensors (so
@@ -204,7 +204,7 @@ class _DistributedMixin:
         state["ccl"] = self._ccl.state_dict()
         return state
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict) -> None:
         """Load a state dict; restores residuals saved by this same rank.
 
         A state without a ``"ccl"`` entry (e.g. from a plain optimizer) keeps
