@@ -165,18 +165,48 @@ def test_state_dict_resumes_bit_identically(hvd):
     assert np.array_equal(flat(resumed.parameters()), expected)
 
 
-def test_state_dict_at_another_size_or_codec_raises(hvd):
+def test_state_dict_at_another_size_loads_all_but_the_residuals(comm, hvd):
+    model = make_model()
+    opt = adam(model, warmup_steps=1)
+    train(model, opt, hvd.rank(), 3)
+    state = opt.state_dict()
+    state["ccl"] = dict(state["ccl"], size=hvd.size() + 1)  # as if saved at another size
+    model2 = make_model()
+    model2.load_state_dict(model.state_dict())
+    again = adam(model2, warmup_steps=1)
+    with pytest.warns(ct.ResidualsNotLoadedWarning, match="steps are kept"):
+        again.load_state_dict(state)
+    assert again.communication_stats()["step"] == 3
+    for p, q in zip(model.parameters(), model2.parameters(), strict=True):
+        # the moments, the same on every rank, are loaded
+        assert torch.equal(again.state[q]["exp_avg"], opt.state[p]["exp_avg"])
+    saved = state["ccl"]["communicators"][0]["feedback"]
+    held = again.state_dict()["ccl"]["communicators"][0]["feedback"]
+    assert {k: e["step"] for k, e in held.items()} == {k: e["step"] for k, e in saved.items()}
+    assert all(entry["residuals"] == {} for entry in held.values())
+    train(model2, again, hvd.rank(), 1, start=3)  # and training goes on
+    assert_same_on_all_ranks(comm, flat(model2.parameters()))
+
+
+def test_state_dict_of_another_codec_raises(hvd):
     model = make_model()
     opt = adam(model)
     train(model, opt, hvd.rank(), 1)
-    state = opt.state_dict()
-    state["ccl"] = dict(state["ccl"], size=hvd.size() + 1)
-    with pytest.raises(ValueError, match="world size"):
-        opt.load_state_dict(state)
     with pytest.raises(ValueError, match="codec"):
         adam(make_model(), codec="3lc").load_state_dict(opt.state_dict())
     with pytest.raises(ValueError, match="ccl"):
         opt.load_state_dict(torch.optim.AdamW(model.parameters()).state_dict())
+
+
+def test_reducer_callbacks_are_private_with_deprecated_aliases(hvd):
+    model = make_model()
+    opt = adam(model, warmup_steps=1)
+    p = next(model.parameters())
+    for name, args in (("in_warmup", ()), ("group_of", (p,)), ("lr_of", (p,))):
+        with pytest.warns(DeprecationWarning, match=f"CompressedAdam.{name}"):
+            assert getattr(opt, name)(*args) == getattr(opt, "_" + name)(*args)
+    with pytest.warns(DeprecationWarning, match="CompressedAdam.fold"):
+        assert opt.fold(p).shape == p.shape  # the warm-up: the gradient (zeros: none yet)
 
 
 def test_init_not_called(comm):

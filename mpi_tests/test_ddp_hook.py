@@ -111,6 +111,29 @@ def test_without_thread_multiple_reductions_run_in_the_hook(comm, hvd, monkeypat
     assert_same_on_all_ranks(comm, flat(model.module))
 
 
+def test_public_state_and_hook_pair_as_torch_powersgd(comm, hvd):
+    """``register_comm_hook(DDPHookState(...), ccl_comm_hook)``, as ``PowerSGDState``."""
+    runs = []
+    for make in ("pair", "factory"):
+        model = torch.nn.parallel.DistributedDataParallel(make_model(),
+                                                          bucket_cap_mb=SMALL_BUCKETS_MB)
+        if make == "pair":
+            state = ct.DDPHookState("thc", "ring", min_compress_bytes=0)
+            model.register_comm_hook(state, ct.ccl_comm_hook)
+        else:
+            model.register_comm_hook(*ct.ddp_comm_hook("thc", **COMPRESS))
+        train(model, torch.optim.SGD(model.parameters(), lr=0.1), comm.rank, 3)
+        runs.append(flat(model.module))
+    assert runs[0].tobytes() == runs[1].tobytes()
+    assert state.communicator.stats()["calls"] > 3
+    with pytest.raises(TypeError, match="unknown options"):
+        ct.DDPHookState("fp16", op="sum")
+    runtime = ct.runtime.current()  # the constructor's former, internal signature
+    with pytest.warns(DeprecationWarning, match="DDPHookState"):
+        old = ct.DDPHookState(runtime, ccl.codecs.get_codec("fp16"), "auto", {})
+    assert old.communicator.codec.codec_id == "fp16"
+
+
 def test_bucket_rebuild_keeps_keys(comm, hvd):
     model, _ = ddp(make_model())
     state, hook = ct.ddp_comm_hook("thc", **COMPRESS)
@@ -134,7 +157,7 @@ def test_bucket_rebuild_keeps_keys(comm, hvd):
         for _, key, params in step:
             assert params_of.setdefault(key, params) == params  # a key names its parameters
     # residuals of the first buckets are gone; the others are the last pass's
-    assert sorted(state.state_dict()["communicator"]["feedback"]) == \
+    assert sorted(state.state_dict()["communicators"][0]["feedback"]) == \
         sorted(key for _, key, _ in seen[3])
     assert comm.allgather(seen) == [seen] * comm.size  # the same keys on every rank
 
@@ -177,7 +200,7 @@ def test_bad_arguments_raise_on_every_rank(comm, hvd):
         with pytest.raises(expected):
             ct.ddp_comm_hook("no-such-codec" if comm.rank == 0 else "fp16")
     state, _ = ct.ddp_comm_hook("fp16")  # the ranks still agree afterwards
-    with pytest.raises(ValueError, match="not a ccl DDP hook state"):
+    with pytest.raises(ValueError, match="not a ccl DDPHookState state"):
         state.load_state_dict({"version": 1})
 
 

@@ -303,7 +303,7 @@ def test_checkpoint_round_trip_continues_bit_identically(hvd, comm):
                           sync_every=4, codec="onebit", fragments=2, overlap=1,
                           algorithm="direct")
         other.load_state_dict(saved["opt"])
-    with pytest.raises(ValueError, match="not a DiLoCo"):
+    with pytest.raises(ValueError, match="not a ccl DiLoCo state"):
         resumed.load_state_dict({"step": 3})
 
 

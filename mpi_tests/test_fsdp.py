@@ -234,10 +234,10 @@ def test_checkpoint_round_trip_continues_bit_identically(comm, hvd, weights):
 def test_checkpoint_of_other_modules_is_refused(comm, hvd):
     state = ct.fsdp_compress(make_model(), codec="thc")
     saved = state.state_dict()
-    saved["modules"] = ["blocks.0"]
+    saved["layout"] = ["blocks.0"]
     with pytest.raises(ValueError, match="saved for the FSDP modules"):
         state.load_state_dict(saved)
-    with pytest.raises(ValueError, match="not a ccl FSDP state"):
+    with pytest.raises(ValueError, match="not a ccl FSDPState state"):
         state.load_state_dict({"version": 1})
 
 

@@ -258,7 +258,7 @@ def test_state_dict_between_backward_and_step_raises(comm, hvd):
     with pytest.raises(RuntimeError, match="half"):
         opt.state_dict()
     opt.step()
-    assert opt.state_dict()["ccl"]["step"] == 2
+    assert opt.state_dict()["ccl"]["steps"] == 2
 
 
 def test_distributed_optimizer_state_carries_its_steps(comm, hvd):

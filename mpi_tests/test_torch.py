@@ -245,7 +245,7 @@ def test_checkpoint_continues_exactly(comm, hvd, codec):
     train(hvd, model, opt, 4)
     buf = io.BytesIO()
     torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
-    saved = opt.state_dict()["ccl"]["communicator"]["feedback"]
+    saved = opt.state_dict()["ccl"]["communicators"][0]["feedback"]
     if codec == "test-stepquant":  # a lossy codec: there are residuals to carry over
         assert any(r.abs().sum() > 0 for entry in saved.values()
                    for (_, _, r) in entry["residuals"].values())
@@ -279,7 +279,7 @@ def test_residuals_of_another_rank_are_not_loaded(comm, hvd):
         warnings.simplefilter("always")
         opt.load_state_dict(state)
     assert bool(caught) == (comm.rank != 0)
-    held = opt.state_dict()["ccl"]["communicator"]["feedback"]
+    held = opt.state_dict()["ccl"]["communicators"][0]["feedback"]
     if comm.rank != 0:  # residuals start from zero, the keys' steps are kept
         assert held and all(entry["residuals"] == {} for entry in held.values())
     steps = {key: entry["step"] for key, entry in held.items()}

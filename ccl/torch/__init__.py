@@ -37,7 +37,8 @@ from .collectives import (allreduce_async, allreduce_async_, grouped_allreduce_a
                           grouped_allreduce_async_, grouped_reducescatter_async,
                           reducescatter_async)
 from .compression import Compression
-from .ddp import ddp_comm_hook
+from .checkpoint import ResidualsNotLoadedWarning
+from .ddp import DDPHookState, ccl_comm_hook, ddp_comm_hook
 from .fsdp import fsdp_compress
 from .handles import poll, stop_timeline, synchronize
 from .horovod_functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
@@ -59,7 +60,8 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "threads_supported",
     "DistributedOptimizer", "DEFAULT_FUSION_THRESHOLD_BYTES", "CompressedAdam",
-    "DiLoCo", "ddp_comm_hook", "fsdp_compress", "PowerSGD",
+    "DiLoCo", "ddp_comm_hook", "DDPHookState", "ccl_comm_hook", "fsdp_compress", "PowerSGD",
+    "ResidualsNotLoadedWarning",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
     "allgather_object",
     # Horovod's API

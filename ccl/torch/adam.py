@@ -51,6 +51,7 @@ bucket's allreduce in the background once the bucket is complete.
 
 import warnings
 import zlib
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -60,15 +61,38 @@ from ..codecs import get_codec
 from ..collectives import ALGORITHM_NAMES
 from ..collectives.auto import MIN_COMPRESS_BYTES
 from .buckets import named_params
-from .functions import load_steps, to_numpy_tree, to_torch_tree
+from . import checkpoint
 from .momentum import MomentumReducer, check_adam_group, preconditioner, step_bound
 from .stepcontrol import StepControl
 from .runtime import current
 
 __all__ = ["CompressedAdam"]
 
-_STATE_VERSION = 1
+_OWNER = "CompressedAdam"  # of its checkpoint entry
 _DTYPES = (torch.float32, torch.float64)
+
+
+def _deprecated(name):
+    """``name``, the public name of a callback that is private (``_name``) now."""
+    def alias(self, *args):
+        warnings.warn(f"CompressedAdam.{name}() is deprecated: it is the reducer's callback, "
+                      f"private now (_{name})", DeprecationWarning, stacklevel=2)
+        return getattr(self, "_" + name)(*args)
+
+    alias.__name__ = name
+    alias.__doc__ = f"""Deprecated: the reducer's callback, private now (``_{name}``).
+
+        Parameters
+        ----------
+        *args
+            As for ``_{name}``.
+
+        Returns
+        -------
+        object
+            What ``_{name}`` returns.
+        """
+    return alias
 
 
 class CompressedAdam(StepControl, torch.optim.Optimizer):
@@ -157,7 +181,7 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
     Changing gradients between ``backward()`` and :meth:`step` (clipping,
     ``unscale_``) raises ``RuntimeError`` (see :mod:`ccl.torch.stepcontrol`).
     :meth:`state_dict` holds the moments, the step and this rank's
-    residuals; loading it at another world size raises. Call
+    residuals (:mod:`ccl.torch.checkpoint`). Call
     :meth:`state_dict` and :meth:`load_state_dict` between steps, not
     between ``backward()`` and :meth:`step` (the momenta are being
     reduced then: both raise ``RuntimeError``). The parameters are fixed
@@ -176,11 +200,14 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
     1
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
-                 named_parameters=None, codec="onebit", algorithm="auto", warmup_steps=100,
-                 lr_corrected=False, min_compress_bytes=MIN_COMPRESS_BYTES,
-                 fusion_threshold_bytes=64 * 1024 * 1024, backward_passes_per_step=1,
-                 grad_scaler=None):
+    def __init__(self, params: Iterable, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, *,
+                 named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                 codec: Any = "onebit", algorithm: str = "auto", warmup_steps: int = 100,
+                 lr_corrected: bool = False, min_compress_bytes: int = MIN_COMPRESS_BYTES,
+                 fusion_threshold_bytes: int = 64 * 1024 * 1024,
+                 backward_passes_per_step: int = 1, grad_scaler: Any = None) -> None:
         runtime = current()
         error, signature = None, None
         try:
@@ -262,7 +289,10 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
         return buckets
 
     # ----------------------------------------------------------------- the step
-    def in_warmup(self):
+    fold, group_of, lr_of, in_warmup = (_deprecated(name) for name in
+                                        ("fold", "group_of", "lr_of", "in_warmup"))
+
+    def _in_warmup(self):
         """Whether the coming step is a warm-up step (exact AdamW).
 
         Returns
@@ -271,7 +301,7 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
         """
         return self.steps < self.warmup_steps
 
-    def group_of(self, p):
+    def _group_of(self, p):
         """The parameter group of ``p`` (looked up again after ``load_state_dict``).
 
         Parameters
@@ -287,7 +317,7 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
             self._groups = {q: group for group in self.param_groups for q in group["params"]}
         return self._groups[p]
 
-    def lr_of(self, p):
+    def _lr_of(self, p):
         """The lr of ``p``'s group for lr-corrected error feedback.
 
         Parameters
@@ -301,10 +331,10 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
             None when the error feedback is not lr-corrected (or the rate is
             not finite).
         """
-        lr = float(self.group_of(p)["lr"])
+        lr = float(self._group_of(p)["lr"])
         return lr if self.lr_corrected and 0 <= lr < float("inf") else None
 
-    def fold(self, p):
+    def _fold(self, p):
         """What ``p`` sends this step: its gradient (warm-up) or its updated local momentum.
 
         Called once per step and parameter, by the gradient hook or by
@@ -329,9 +359,9 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
         if grad.is_sparse:  # densified rather than refused: raising here on one rank
             grad = grad.to_dense()  # would leave the others in the allreduce
         grad = self.take_gradient(p, grad)
-        if self.in_warmup():
+        if self._in_warmup():
             return grad
-        group, t = self.group_of(p), self.steps + 1
+        group, t = self._group_of(p), self.steps + 1
         (beta1, beta2), v = group["betas"], state["exp_avg_sq"]
         # not in place: a dropped step must leave the momentum as it was (the same on
         # every rank); step() replaces it with the average
@@ -342,7 +372,7 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
         return torch.div(m, d, out=d).clamp_(-limit, limit)
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Average over all ranks and update the parameters (collective).
 
         The reductions of buckets whose gradients are complete started during
@@ -363,7 +393,7 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        warm = self.in_warmup()
+        warm = self._in_warmup()
         if not self._finish(skip=False):
             return loss
         t, frozen = self.steps, min(self.steps, self.warmup_steps)
@@ -371,7 +401,7 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
             if not self._anywhere[i]:  # frozen: no gradient on any rank (AdamW skips it)
                 continue
             p = self.params[i]
-            group, state = self.group_of(p), self.state[p]
+            group, state = self._group_of(p), self.state[p]
             m, v = state["exp_avg"], state["exp_avg_sq"]
             lr, (beta1, beta2) = group["lr"], group["betas"]
             if warm:  # exact AdamW on the averaged gradient
@@ -389,7 +419,7 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
         self._means = None
         return loss
 
-    def add_param_group(self, param_group):
+    def add_param_group(self, param_group: dict) -> None:
         """Refused after construction: the buckets and their keys are fixed then.
 
         Parameters
@@ -408,17 +438,17 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     # -------------------------------------------------------------------- state
-    def state_dict(self):
+    def state_dict(self) -> dict:
         """The moments, the frozen variance, the step and this rank's residuals ("ccl").
 
         Returns
         -------
         dict
             ``torch.optim.Optimizer.state_dict()`` (``exp_avg``,
-            ``exp_avg_sq`` per parameter) plus ``"ccl"``: the step, rank,
-            size and the communicator's residuals as tensors (so
-            ``torch.load(..., weights_only=True)`` reads it). Residuals are
-            per rank: save every rank's state dict.
+            ``exp_avg_sq`` per parameter) plus ``"ccl"``, the entry of
+            :mod:`ccl.torch.checkpoint` (step, rank, size, a hash of the
+            parameters and buckets, this rank's residuals as tensors, so that
+            ``torch.load(..., weights_only=True)`` reads it).
 
         Raises
         ------
@@ -427,19 +457,17 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
         """
         self.check_between_steps("state_dict")
         state = super().state_dict()
-        comm_state = to_torch_tree(self.communicator.state_dict())
-        state["ccl"] = {"version": _STATE_VERSION, "step": self.steps, "rank": self.rank,
-                        "size": self.size, "params": self.layout_hash,
-                        "communicator": comm_state}
+        state["ccl"] = checkpoint.save(_OWNER, rank=self.rank, size=self.size,
+                                       layout=self.layout_hash, steps=self.steps,
+                                       communicators=[self.communicator.state_dict()])
         return state
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict) -> None:
         """Load a :meth:`state_dict`; continues bit-identically on the rank that saved it.
 
-        Residuals saved by another rank of the same world size are not loaded
-        (they start from zero, with a warning); the moments and the steps
-        (the optimizer's and every error-feedback key's) are, so loading rank
-        0's state on every rank works.
+        The moments (the same on every rank) and the steps load at any rank
+        and world size; residuals saved by another rank or at another size
+        start from zero, with one warning (:mod:`ccl.torch.checkpoint`).
 
         Parameters
         ----------
@@ -449,39 +477,18 @@ class CompressedAdam(StepControl, torch.optim.Optimizer):
         Raises
         ------
         ValueError
-            If the state has no ``"ccl"`` entry, was saved at another world
-            size (the residuals and the averaged momenta belong to that
-            size's chunking: restart the warm-up instead), with other
-            parameters or another codec.
+            If the state has no valid ``"ccl"`` entry or was saved with
+            other parameters or another codec.
         """
         self.check_between_steps("load_state_dict")
         state_dict = dict(state_dict)
-        ccl_state = state_dict.pop("ccl", None)
-        try:
-            version, size, rank = ccl_state["version"], ccl_state["size"], ccl_state["rank"]
-            layout, comm_state = ccl_state["params"], ccl_state["communicator"]
-        except (KeyError, TypeError):
-            raise ValueError("not a CompressedAdam state dict (no valid 'ccl' entry)") from None
-        if version != _STATE_VERSION:
-            raise ValueError(f"CompressedAdam state version {version} is not supported "
-                             f"(this is version {_STATE_VERSION})")
-        if size != self.size:
-            raise ValueError(f"this CompressedAdam state was saved at world size {size}; "
-                             f"this job has {self.size} ranks. Its error-feedback residuals "
-                             "cannot move to another size: resume at the same size")
-        if layout != self.layout_hash:
-            raise ValueError("the state was saved by a CompressedAdam over other parameters "
-                             "(names, shapes or dtypes differ)")
-        if comm_state.get("codec") != self.codec.get_config():
-            raise ValueError(f"the state was saved with codec {comm_state.get('codec')!r}, "
-                             f"this optimizer uses {self.codec.get_config()!r}")
+        entry = checkpoint.checked(
+            state_dict.pop("ccl", None), _OWNER, layout=self.layout_hash,
+            layout_error="the state was saved by a CompressedAdam over other parameters "
+                         "(names, shapes or dtypes differ)",
+            codecs=[self.codec.get_config()])
+        own = checkpoint.owns(entry, self.rank, self.size)
         super().load_state_dict(state_dict)
         self._groups = None  # torch made new group dicts
-        self.steps = self.reducer.engine.steps = int(ccl_state["step"])
-        if rank == self.rank:
-            self.communicator.load_state_dict(to_numpy_tree(comm_state))
-        else:
-            warnings.warn(f"error-feedback residuals saved by rank {rank} are not loaded on "
-                          f"rank {self.rank}: they start from zero (the steps are kept). "
-                          "Save state_dict() on every rank to keep them.", stacklevel=2)
-            load_steps(self.communicator, comm_state)
+        self.steps = self.reducer.engine.steps = int(entry["steps"])
+        checkpoint.restore(self.communicator, entry["communicators"][0], own)

@@ -2,8 +2,8 @@
 
 DDP cuts the gradients into buckets and hands each one, once it is ready in
 backward, to its communication hook, which returns a future of the averaged
-bucket. :func:`~ccl.torch.ddp_comm_hook` makes a hook that averages the bucket with
-ccl's compressed allreduce, in ccl's background thread and on a private
+bucket. :func:`ccl_comm_hook`, with its :class:`DDPHookState`, averages the
+bucket with ccl's compressed allreduce, in ccl's background thread and on a private
 duplicate of ``ccl.torch``'s communicator: DDP's process group (gloo, NCCL,
 MPI) carries nothing of it, so any ccl codec runs whatever its backend.
 
@@ -20,21 +20,24 @@ puts them in. Residuals of buckets that DDP no longer builds are dropped.
 
 import warnings
 import weakref
+from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 from ..agreement import agree
+from ..api import Communicator
 from ..collectives import Options
 from .buckets import work_dtype
 from .engine import STEP, Engine, Job, StepCheck
-from .functions import from_array, load_steps, to_array, to_numpy_tree, to_torch_tree
+from . import checkpoint
+from .functions import from_array, to_array
 from .powersgd import PowerSGDJob, bucket_of, powersgd_method
 from .runtime import current
 
 __all__ = ["ddp_comm_hook", "DDPHookState", "ccl_comm_hook"]
 
-#: Version of :meth:`DDPHookState.state_dict`'s format.
-STATE_VERSION = 1
+_OWNER = "DDPHookState"  # of its checkpoint entry
 
 # The Communicator arguments the hook passes on (op is always "mean": DDP averages).
 _OPTIONS = ("partition_bytes", "min_compress_bytes", "segment_bytes", "link_gbps",
@@ -54,26 +57,69 @@ def _key(numbers):
 
 
 class DDPHookState:
-    """The state of a :func:`~ccl.torch.ddp_comm_hook`: communicator, error feedback, parameter numbers.
+    """The state of :func:`ccl_comm_hook`: communicator, error feedback, parameter numbers.
 
-    Made by :func:`~ccl.torch.ddp_comm_hook`; pass it to ``register_comm_hook`` with the
-    hook. Checkpoint it with :meth:`state_dict` on every rank (residuals are
-    per rank) and restore it with :meth:`load_state_dict` before training
-    goes on.
+    As torch pairs ``PowerSGDState`` with ``powerSGD_hook``:
+    ``model.register_comm_hook(DDPHookState("thc"), ccl_comm_hook)`` makes
+    ``DistributedDataParallel`` average each gradient bucket with ccl's
+    compressed allreduce (op mean), with error feedback per bucket, on
+    ``ccl.torch``'s own communicator, in ccl's background thread, whatever
+    backend DDP's process group uses. Every rank makes it, in the same
+    order as the other collectives of ``ccl.torch``
+    (:func:`~ccl.torch.ddp_comm_hook` returns it with the hook).
+    Checkpoint it with :meth:`state_dict` on every rank (residuals are per
+    rank) and restore it with :meth:`load_state_dict` before training goes on.
 
     Parameters
     ----------
-    runtime : object
-        The initialised ``ccl.torch`` (``ccl.torch.runtime.current()``).
-    codec, algorithm
-        Validated codec and algorithm of the allreduce.
-    options : dict
-        Further :class:`ccl.Communicator` arguments.
-    powersgd : PowerSGD, optional
-        Reduce buckets with PowerSGD (``codec`` is then its inner codec).
+    codec : Codec, str, dict, PowerSGD or None
+        How gradients are compressed (see :func:`ccl.codecs.get_codec`);
+        ``"none"`` or ``None`` sends them uncompressed. ``"powersgd"``,
+        ``{"id": "powersgd", ...}`` or a :class:`~ccl.torch.PowerSGD` reduce
+        each bucket with PowerSGD (its ``P`` and ``Q`` with its inner codec).
+    algorithm : {"auto", "ring", "tree", "direct", "allgather", "hierarchical"}
+        Allreduce algorithm (see :func:`ccl.compressed_allreduce`).
+    **options
+        ``partition_bytes``, ``min_compress_bytes``, ``segment_bytes``,
+        ``link_gbps``, ``cross_algorithm``, ``check_finite`` or ``timeout``,
+        as for :class:`ccl.Communicator` (buckets below
+        ``min_compress_bytes``, 65536 by default, go uncompressed).
+    *legacy
+        Deprecated: the constructor's former signature, ``DDPHookState(runtime,
+        codec, algorithm, options)``, warns and still works.
+
+    Raises
+    ------
+    RuntimeError
+        If :func:`ccl.torch.init` was not called.
+    TypeError, ValueError
+        Bad arguments (on the rank that passed them).
+    ccl.MismatchError
+        On the other ranks, or if ranks passed different arguments.
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as ct
+    >>> ct.init()
+    >>> state = ct.DDPHookState("thc", "ring", min_compress_bytes=0)
+    >>> state.communicator.codec.codec_id
+    'thc'
+    >>> ddp.register_comm_hook(state, ct.ccl_comm_hook)  # doctest: +SKIP
     """
 
-    def __init__(self, runtime, codec, algorithm, options, powersgd=None):
+    def __init__(self, codec: Any, algorithm: str = "auto", *legacy: Any,
+                 **options: Any) -> None:
+        if hasattr(codec, "comm") and legacy:  # DDPHookState(runtime, codec, algorithm, options)
+            warnings.warn("DDPHookState(runtime, codec, algorithm, options) is deprecated: "
+                          "call DDPHookState(codec, algorithm, **options)", DeprecationWarning,
+                          stacklevel=2)
+            powersgd = legacy[2] if len(legacy) > 2 else options.get("powersgd")
+            runtime, codec, algorithm, options = codec, algorithm, legacy[0], legacy[1]
+        elif legacy:
+            raise TypeError("DDPHookState() takes the codec and the algorithm positionally, "
+                            "the Communicator options by keyword")
+        else:
+            runtime, (codec, options, powersgd) = current(), _validate(codec, algorithm, options)
         self.rank, self.size = runtime.rank, runtime.size
         self.powersgd = powersgd
         self.engine = Engine(runtime, codec, algorithm, "mean", **options)
@@ -92,7 +138,7 @@ class DDPHookState:
         self._error = None  # the first error of the pass in progress, raised at its end
 
     @property
-    def communicator(self):
+    def communicator(self) -> Communicator:
         """The :class:`ccl.Communicator` the buckets are averaged with (its ``stats()``)."""
         return self.engine.communicator
 
@@ -103,7 +149,7 @@ class DDPHookState:
             self._seen.append(param)
         return number
 
-    def key(self, bucket):
+    def key(self, bucket: dist.GradBucket) -> str:
         """The error-feedback key of a bucket: the numbers of its parameters.
 
         Parameters
@@ -162,7 +208,7 @@ class DDPHookState:
             groups.append(tuple(sorted(members)))
         return groups
 
-    def reduce(self, bucket):
+    def reduce(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """Start averaging ``bucket`` over all ranks; return the future of the average.
 
         Parameters
@@ -263,17 +309,16 @@ class DDPHookState:
                 raise error
         return future
 
-    def state_dict(self):
-        """This rank's error-feedback residuals, for a checkpoint.
+    def state_dict(self) -> dict:
+        """This rank's error-feedback state, for a checkpoint (:mod:`ccl.torch.checkpoint`).
 
         Returns
         -------
         dict
-            ``version``, ``rank``, ``size``, ``buckets`` (the parameter
-            numbers of each bucket of the last backward pass) and
-            ``communicator`` (the :meth:`ccl.Communicator.state_dict` of those
-            buckets, arrays as tensors so that ``torch.load(...,
-            weights_only=True)`` reads it).
+            The entries of :mod:`ccl.torch.checkpoint` (the communicator's
+            residuals of the last backward pass's buckets as tensors, so that
+            ``torch.load(..., weights_only=True)`` reads it) and ``buckets``
+            (the parameter numbers of each of those buckets).
         """
         self._wait()
         state = self.engine.communicator.state_dict()
@@ -281,20 +326,17 @@ class DDPHookState:
             state["feedback"] = {k: v for k, v in state["feedback"].items()
                                  if bucket_of(k) in self._live}
         layout = self._live.values() if self._live is not None else self._restored or ()
-        groups = [list(group) for group in layout]
-        saved = {"version": STATE_VERSION, "rank": self.rank, "size": self.size,
-                 "buckets": groups, "steps": self.engine.steps,
-                 "communicator": to_torch_tree(state)}
-        if self.powersgd is not None:
-            saved["powersgd"] = self.powersgd.state_dict(self._live)
-        return saved
+        extra = {} if self.powersgd is None else {"powersgd": self.powersgd.state_dict(self._live)}
+        return checkpoint.save(_OWNER, rank=self.rank, size=self.size, layout=None,
+                               steps=self.engine.steps, communicators=[state],
+                               buckets=[list(group) for group in layout], **extra)
 
-    def load_state_dict(self, state):
-        """Restore :meth:`state_dict` output saved by this rank.
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` output, before training goes on.
 
-        Residuals saved by another rank (or at another size) are not loaded:
-        they start from zero, with a warning; the steps are kept (every
-        rank may load rank 0's state).
+        Saved by this rank at this world size, training continues bit for
+        bit; otherwise the residuals start from zero, with one warning, and
+        the rest loads (every rank may load rank 0's state).
 
         Parameters
         ----------
@@ -304,44 +346,59 @@ class DDPHookState:
         Raises
         ------
         ValueError
-            If ``state`` is not a hook state, is of another version, or was
-            saved with another codec.
+            If ``state`` is not a hook state, is of a format version this ccl
+            does not read, or was saved with another codec.
         """
+        entry = checkpoint.checked(state, _OWNER,
+                                   codecs=[self.engine.communicator.codec.get_config()])
         try:
-            version, communicator = state["version"], state["communicator"]
-            saved = (state["rank"], state["size"])
-            groups = [tuple(int(n) for n in group) for group in state["buckets"]]
+            groups = [tuple(int(n) for n in group) for group in entry["buckets"]]
         except (KeyError, TypeError, ValueError):
-            raise ValueError("not a ccl DDP hook state (what DDPHookState.state_dict() "
+            raise ValueError("not a ccl DDPHookState state (what DDPHookState.state_dict() "
                              "returns)") from None
-        if version != STATE_VERSION:
-            raise ValueError(f"ccl DDP hook state version {version} is not supported (this "
-                             f"is version {STATE_VERSION})")
-        if (self.powersgd is None) != ("powersgd" not in state):
+        if (self.powersgd is None) != ("powersgd" not in entry):
             raise ValueError("the state was saved by a hook "
-                             f"{'with' if 'powersgd' in state else 'without'} PowerSGD, this "
+                             f"{'with' if 'powersgd' in entry else 'without'} PowerSGD, this "
                              f"one {'uses' if self.powersgd is not None else 'does not use'} it")
         if self.powersgd is not None:
-            self.powersgd.check_state(state["powersgd"])
+            self.powersgd.check_state(entry["powersgd"])
+        own = checkpoint.owns(entry, self.rank, self.size)
         self._wait()
         # every rank loads the same buckets, also where its residuals do not apply
         self._restored = groups or None
-        self.engine.steps = int(state.get("steps", self.engine.steps))
-        if saved != (self.rank, self.size):
-            warnings.warn(f"error-feedback residuals saved by rank {saved[0]} of {saved[1]} "
-                          f"are not loaded on rank {self.rank} of {self.size} (they are per "
-                          "rank): residuals start from zero, the steps are kept", stacklevel=2)
-            load_steps(self.engine.communicator, communicator)
-        else:
-            self.engine.communicator.load_state_dict(to_numpy_tree(communicator))
+        if entry["steps"] is not None:
+            self.engine.steps = int(entry["steps"])
+        communicator = entry["communicators"][0]
+        checkpoint.restore(self.engine.communicator, communicator, own)
         if self.powersgd is not None:
-            self.powersgd.load_state_dict(state["powersgd"], saved == (self.rank, self.size))
-            self._held |= set(state["powersgd"]["residuals"])
+            self.powersgd.load_state_dict(entry["powersgd"], own)
+            self._held |= set(entry["powersgd"]["residuals"])
         self._held |= set(communicator["feedback"])
 
 
-def ccl_comm_hook(state, bucket):
-    """The DDP communication hook: average ``bucket`` with ccl (see :func:`~ccl.torch.ddp_comm_hook`).
+def _validate(codec, algorithm, options):
+    """Check the arguments on every rank (collective); return the codec, options, PowerSGD."""
+    runtime = current()
+    signature, error = None, None
+    try:
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise TypeError(f"DDPHookState() got unknown options {unknown}; it takes "
+                            f"{', '.join(_OPTIONS)} (the op is always the mean)")
+        powersgd = powersgd_method(codec)
+        valid = Options.make(codec if powersgd is None else powersgd.inner, "mean", algorithm,
+                             **options)
+        signature = ((powersgd or valid.codec).get_config(), algorithm,
+                     sorted(options.items()))
+    except (TypeError, ValueError) as exc:
+        error = exc
+    agree(runtime.comm, "ddp_comm_hook", [("arguments", signature)], error)
+    return valid.codec, options, powersgd
+
+
+def ccl_comm_hook(state: DDPHookState,
+                  bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The DDP communication hook: average ``bucket`` with ccl (see :class:`DDPHookState`).
 
     Parameters
     ----------
@@ -354,77 +411,55 @@ def ccl_comm_hook(state, bucket):
     -------
     torch.futures.Future
         Resolves to the averaged flat bucket.
+
+    Examples
+    --------
+    >>> import torch, ccl.torch as ct
+    >>> ct.init()
+    >>> state = ct.DDPHookState("fp16")
+    >>> ddp = torch.nn.parallel.DistributedDataParallel(model)  # doctest: +SKIP
+    >>> ddp.register_comm_hook(state, ct.ccl_comm_hook)         # doctest: +SKIP
     """
     return state.reduce(bucket)
 
 
-def ddp_comm_hook(codec, algorithm="auto", **options):
+def ddp_comm_hook(codec: Any, algorithm: str = "auto",
+                  **options: Any) -> tuple[DDPHookState, Callable[..., torch.futures.Future]]:
     """A DDP communication hook that averages gradients with a ccl codec (collective).
 
-    ``ddp.register_comm_hook(*ccl.torch.ddp_comm_hook("thc"))`` makes
-    ``torch.nn.parallel.DistributedDataParallel`` average each gradient bucket
-    with ccl's compressed allreduce (op mean), with error feedback per bucket.
-    It runs on ``ccl.torch``'s own communicator, in ccl's background thread,
-    whatever backend DDP's process group uses. Every rank calls it, in the
-    same order as the other collectives of ``ccl.torch``.
+    ``ddp.register_comm_hook(*ccl.torch.ddp_comm_hook("thc"))`` is
+    ``ddp.register_comm_hook(DDPHookState("thc"), ccl_comm_hook)``: see
+    :class:`~ccl.torch.DDPHookState` for what it does and the arguments.
 
     Parameters
     ----------
-    codec : Codec, str, dict, PowerSGD or None
-        How gradients are compressed (see :func:`ccl.codecs.get_codec`);
-        ``"none"`` or ``None`` sends them uncompressed. ``"powersgd"``,
-        ``{"id": "powersgd", ...}`` or a :class:`~ccl.torch.PowerSGD` reduce
-        each bucket with PowerSGD (its ``P`` and ``Q`` with its inner codec).
-    algorithm : {"auto", "ring", "tree", "direct", "allgather", "hierarchical"}
-        Allreduce algorithm (see :func:`ccl.compressed_allreduce`).
-    **options
-        ``partition_bytes``, ``min_compress_bytes``, ``segment_bytes``,
-        ``link_gbps``, ``cross_algorithm``, ``check_finite`` or ``timeout``,
-        as for :class:`ccl.Communicator` (buckets below
-        ``min_compress_bytes``, 65536 by default, go uncompressed).
+    codec, algorithm, **options
+        As for :class:`~ccl.torch.DDPHookState`.
 
     Returns
     -------
     state : DDPHookState
         The hook's state: checkpoint it with ``state.state_dict()``.
     hook : callable
-        :func:`~ccl.torch.ddp.ccl_comm_hook`, for ``register_comm_hook(state, hook)``.
+        :func:`~ccl.torch.ccl_comm_hook`, for ``register_comm_hook(state, hook)``.
 
     Raises
     ------
-    RuntimeError
-        If :func:`ccl.torch.init` was not called.
-    TypeError, ValueError
-        Bad arguments (on the rank that passed them).
-    ccl.MismatchError
-        On the other ranks, or if ranks passed different arguments.
+    RuntimeError, TypeError, ValueError, ccl.MismatchError
+        As :class:`~ccl.torch.DDPHookState`.
 
     Examples
     --------
     >>> import torch, ccl.torch as ct
     >>> ct.init()
     >>> state, hook = ct.ddp_comm_hook("fp16", min_compress_bytes=0)
-    >>> hook.__name__
-    'ccl_comm_hook'
+    >>> hook is ct.ccl_comm_hook, isinstance(state, ct.DDPHookState)
+    (True, True)
 
     With a process group (e.g. ``dist.init_process_group("gloo")``):
 
     >>> ddp = torch.nn.parallel.DistributedDataParallel(model)  # doctest: +SKIP
     >>> ddp.register_comm_hook(state, hook)                     # doctest: +SKIP
     """
-    runtime = current()
-    signature, error = None, None
-    try:
-        unknown = sorted(set(options) - set(_OPTIONS))
-        if unknown:
-            raise TypeError(f"ddp_comm_hook() got unknown options {unknown}; it takes "
-                            f"{', '.join(_OPTIONS)} (the op is always the mean)")
-        powersgd = powersgd_method(codec)
-        valid = Options.make(codec if powersgd is None else powersgd.inner, "mean", algorithm,
-                             **options)
-        signature = ((powersgd or valid.codec).get_config(), algorithm,
-                     sorted(options.items()))
-    except (TypeError, ValueError) as exc:
-        error = exc
-    agree(runtime.comm, "ddp_comm_hook", [("arguments", signature)], error)
-    return DDPHookState(runtime, valid.codec, algorithm, options, powersgd), ccl_comm_hook
+    state = DDPHookState(codec, algorithm, **options)
+    return state, ccl_comm_hook

@@ -35,7 +35,6 @@ kept: ``theta_local += theta_global_new - theta_local(t0)``. Without
 no overlap).
 """
 
-import warnings
 import weakref
 import zlib
 
@@ -47,12 +46,15 @@ from ..collectives import ALGORITHM_NAMES
 from .buckets import plan_buckets
 from .diloco_plan import check_integer, check_number, check_replica, split_fragments, trainable
 from .engine import Engine, Job, release
-from .functions import broadcast_parameters, from_array, to_array, to_numpy_tree, to_torch_tree
+from . import checkpoint
+from .functions import broadcast_parameters, from_array, to_array
 from .runtime import current
 
 __all__ = ["DiLoCo", "split_fragments"]
 
-_STATE_VERSION = 1
+_OWNER = "DiLoCo"  # of its checkpoint entry
+
+
 class _Sync:
     """One fragment's outer synchronisation in flight: started at ``start``, due at ``due``."""
 
@@ -353,7 +355,7 @@ class DiLoCo:
                 "bytes_sent": self.communicator.stats()["bytes_sent"]}
 
     # --------------------------------------------------------------------- state
-    def state_dict(self):
+    def state_dict(self) -> dict:
         """The outer state: global weights, momenta, step, syncs in flight, residuals.
 
         Collective while a sync is in flight (its allreduce is completed here,
@@ -363,12 +365,13 @@ class DiLoCo:
         Returns
         -------
         dict
+            The entries of :mod:`ccl.torch.checkpoint` (``steps``: inner
+            steps; ``communicators``: this rank's residuals as tensors,
+            readable by ``torch.load(..., weights_only=True)``) and
             ``inner`` (the inner optimizer's state dict), ``globals``,
-            ``momenta``, ``step``, ``outer_steps``, ``pending`` (per sync in
+            ``momenta``, ``outer_steps`` and ``pending`` (per sync in
             flight: fragment, start and due steps, what was sent and the
-            average), and this rank's ``communicator`` state (residuals) as
-            tensors, readable by ``torch.load(..., weights_only=True)``. Save
-            it on every rank.
+            average). Save it on every rank.
         """
         pending = []
         for sync in self.pending:
@@ -381,19 +384,21 @@ class DiLoCo:
                             "sent": [sent.clone() for _, sent, _ in sync.buckets],
                             "mean": [from_array(job.result, like=sent).clone()
                                      for _, sent, job in sync.buckets]})
-        return {"version": _STATE_VERSION, "rank": self.rank, "size": self.size,
-                "layout": self.layout_hash, "step": self.steps,
-                "outer_steps": self.outer_steps, "inner": self.inner.state_dict(),
-                "globals": [g.clone() for g in self.globals],
-                "momenta": [m.clone() for m in self.momenta], "pending": pending,
-                "communicator": to_torch_tree(self.communicator.state_dict())}
+        return checkpoint.save(_OWNER, rank=self.rank, size=self.size, layout=self.layout_hash,
+                               steps=self.steps,
+                               communicators=[self.communicator.state_dict()],
+                               outer_steps=self.outer_steps, inner=self.inner.state_dict(),
+                               globals=[g.clone() for g in self.globals],
+                               momenta=[m.clone() for m in self.momenta], pending=pending)
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict) -> None:
         """Load a :meth:`state_dict`: training continues bit-identically on the saving rank.
 
-        Syncs in flight here are completed first (collective then). Residuals
-        saved by another rank are not loaded (they start from zero, with a
-        warning).
+        Syncs in flight here are completed first (collective then). The
+        global weights, momenta and steps (the same on every rank) load at
+        any rank and world size; residuals saved by another rank or at
+        another size start from zero, with one warning
+        (:mod:`ccl.torch.checkpoint`).
 
         Parameters
         ----------
@@ -403,49 +408,31 @@ class DiLoCo:
         Raises
         ------
         ValueError
-            If it is not a DiLoCo state, was saved at another world size, over
-            other parameters, fragments or delay, or with another codec.
+            If it is not a DiLoCo state, was saved over other parameters,
+            fragments or delay, or with another codec.
         """
-        try:
-            version, size, rank = (state_dict["version"], state_dict["size"],
-                                   state_dict["rank"])
-            layout, comm_state = state_dict["layout"], state_dict["communicator"]
-        except (KeyError, TypeError):
-            raise ValueError("not a DiLoCo state dict") from None
-        if version != _STATE_VERSION:
-            raise ValueError(f"DiLoCo state version {version} is not supported (this is "
-                             f"version {_STATE_VERSION})")
-        if size != self.size:
-            raise ValueError(f"this DiLoCo state was saved at world size {size}; this job has "
-                             f"{self.size} ranks: resume at the same size")
-        if layout != self.layout_hash:
-            raise ValueError("the state was saved by a DiLoCo over other parameters, "
-                             "fragments, sync_every or overlap")
-        if comm_state.get("codec") != self.codec.get_config():
-            raise ValueError(f"the state was saved with codec {comm_state.get('codec')!r}, "
-                             f"this DiLoCo uses {self.codec.get_config()!r}")
+        entry = checkpoint.checked(
+            state_dict, _OWNER, layout=self.layout_hash,
+            layout_error="the state was saved by a DiLoCo over other parameters, fragments, "
+                         "sync_every or overlap",
+            codecs=[self.codec.get_config()])
+        own = checkpoint.owns(entry, self.rank, self.size)
         self.flush()  # nothing of this run may land after the load
-        self.inner.load_state_dict(state_dict["inner"])
+        self.inner.load_state_dict(entry["inner"])
         with torch.no_grad():
             for ours, theirs in zip(self.globals + self.momenta,
-                                    list(state_dict["globals"]) + list(state_dict["momenta"])):
+                                    list(entry["globals"]) + list(entry["momenta"]), strict=True):
                 ours.copy_(theirs)
-        self.steps, self.outer_steps = int(state_dict["step"]), int(state_dict["outer_steps"])
+        self.steps, self.outer_steps = int(entry["steps"]), int(entry["outer_steps"])
         self.pending = []
-        for entry in state_dict["pending"]:
+        for saved in entry["pending"]:
             buckets = []
-            for members, sent, mean in zip(self.fragments[entry["fragment"]], entry["sent"],
-                                           entry["mean"]):
+            for members, sent, mean in zip(self.fragments[saved["fragment"]], saved["sent"],
+                                           saved["mean"], strict=True):
                 job = Job(None, None)  # already done: its result is the saved average
                 job.result = to_array(mean.clone())
                 job.done.set()
                 buckets.append((members, sent.clone(), job))
-            self.pending.append(_Sync(int(entry["fragment"]), int(entry["start"]),
-                                      int(entry["due"]), buckets))
-        if rank == self.rank:
-            self.communicator.load_state_dict(to_numpy_tree(comm_state))
-        else:
-            warnings.warn(f"error-feedback residuals saved by rank {rank} are not loaded on "
-                          f"rank {self.rank}: they start from zero. Save state_dict() on "
-                          "every rank to keep them.", stacklevel=2)
-            self.communicator.feedback.load_state_dict({})
+            self.pending.append(_Sync(int(saved["fragment"]), int(saved["start"]),
+                                      int(saved["due"]), buckets))
+        checkpoint.restore(self.communicator, entry["communicators"][0], own)

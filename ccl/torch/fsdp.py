@@ -22,8 +22,8 @@ all-reduce hook (``set_all_reduce_hook``).
 """
 
 import collections
-import warnings
 import weakref
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,13 +35,12 @@ from ..codecs import get_codec
 from ..collectives import REDUCE_SCATTER, Options
 from ..transport import channel
 from .engine import Engine
-from .functions import load_steps, to_numpy_tree, to_torch_tree
+from . import checkpoint
 from .runtime import current
 
 __all__ = ["fsdp_compress", "FSDPState", "WEIGHT_ERROR_LIMIT"]
 
-#: Version of :meth:`FSDPState.state_dict`'s format.
-STATE_VERSION = 1
+_OWNER = "FSDPState"  # of its checkpoint entry
 
 #: A weights codec must round a Gaussian probe with at most this relative error (L2) in one
 #: encode: weights are gathered without error feedback, so what a codec drops is lost for the
@@ -243,11 +242,11 @@ class FSDPState:
         return grads, exact, cross_comm, gather
 
     @property
-    def communicators(self):
+    def communicators(self) -> list[Communicator]:
         """list of ccl.Communicator: every communicator installed (their ``stats()``)."""
         return list(self._communicators)
 
-    def stats(self):
+    def stats(self) -> dict:
         """What this rank sent through ccl, in total, per collective and per FSDP module.
 
         Returns
@@ -271,30 +270,31 @@ class FSDPState:
                 "modules": {name: dict(counts) for name, counts in self.tally.modules.items()},
                 "algorithms": dict(algorithms)}
 
-    def state_dict(self):
-        """This rank's error-feedback residuals, for a checkpoint.
+    def state_dict(self) -> dict:
+        """This rank's error-feedback state, for a checkpoint (:mod:`ccl.torch.checkpoint`).
 
         Returns
         -------
         dict
-            ``version``, ``rank``, ``size``, ``modules`` (the FSDP modules'
-            names), ``communicators`` (the :meth:`ccl.Communicator.state_dict`
-            of each communicator that keeps residuals, arrays as tensors so
-            that ``torch.load(..., weights_only=True)`` reads it) and
-            ``gathers`` (the weight all-gathers run so far, per communicator:
-            they seed the weights codec's randomness, so a restored run
-            rounds the weights as the original run did).
+            The entries of :mod:`ccl.torch.checkpoint` (``layout``: the FSDP
+            modules' names; ``communicators``: the residuals of each
+            communicator that keeps them, as tensors, so that
+            ``torch.load(..., weights_only=True)`` reads it) and ``gathers``
+            (the weight all-gathers run so far, per communicator: they seed
+            the weights codec's randomness, so a restored run rounds the
+            weights as the original run did).
         """
-        return {"version": STATE_VERSION, "rank": self.rank, "size": self.size,
-                "modules": list(self.modules),
-                "communicators": [to_torch_tree(c.state_dict()) for c in self._keyed],
-                "gathers": [channel(c.comm).calls for c in self._gathers]}
+        return checkpoint.save(_OWNER, rank=self.rank, size=self.size,
+                               layout=list(self.modules), steps=None,
+                               communicators=[c.state_dict() for c in self._keyed],
+                               gathers=[channel(c.comm).calls for c in self._gathers])
 
-    def load_state_dict(self, state):
-        """Restore :meth:`state_dict` output saved by this rank.
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` output, before training goes on.
 
-        Residuals saved by another rank (or at another size) are not loaded:
-        they start from zero, with a warning; the steps are kept.
+        Saved by this rank at this world size, training continues bit for
+        bit; otherwise the residuals start from zero, with one warning, and
+        the rest loads.
 
         Parameters
         ----------
@@ -304,37 +304,31 @@ class FSDPState:
         Raises
         ------
         ValueError
-            If ``state`` is not an FSDP state of this version, or was saved
-            with another codec or other modules.
+            If ``state`` is not an FSDP state of a format version this ccl
+            reads, or was saved with another codec or other modules.
         """
+        entry = checkpoint.checked(
+            state, _OWNER, layout=list(self.modules),
+            layout_error="this state was saved for the FSDP modules {saved}; these are "
+                         f"{self.modules}",
+            codecs=[c.codec.get_config() for c in self._keyed])
         try:
-            version, saved = state["version"], (state["rank"], state["size"])
-            modules, communicators = list(state["modules"]), list(state["communicators"])
-            gathers = [int(calls) for calls in state["gathers"]]
-        except (KeyError, TypeError):
-            raise ValueError("not a ccl FSDP state (what FSDPState.state_dict() "
+            gathers = [int(calls) for calls in entry["gathers"]]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("not a ccl FSDPState state (what FSDPState.state_dict() "
                              "returns)") from None
-        if version != STATE_VERSION:
-            raise ValueError(f"ccl FSDP state version {version} is not supported (this is "
-                             f"version {STATE_VERSION})")
-        if modules != self.modules or len(communicators) != len(self._keyed) \
-                or len(gathers) != len(self._gathers):
-            raise ValueError(f"this state was saved for the FSDP modules {modules}; these are "
-                             f"{self.modules}")
-        for c, calls in zip(self._gathers, gathers):  # the same on every rank
+        if len(gathers) != len(self._gathers):
+            raise ValueError(f"this state was saved with {len(gathers)} weight all-gathers' "
+                             f"communicators, these modules have {len(self._gathers)}")
+        own = checkpoint.owns(entry, self.rank, self.size)
+        for c, calls in zip(self._gathers, gathers, strict=True):  # the same on every rank
             channel(c.comm).calls = calls
-        for c, saved_state in zip(self._keyed, communicators):
-            if saved != (self.rank, self.size):
-                load_steps(c, saved_state)
-            else:
-                c.load_state_dict(to_numpy_tree(saved_state))
-        if saved != (self.rank, self.size):
-            warnings.warn(f"error-feedback residuals saved by rank {saved[0]} of {saved[1]} "
-                          f"are not loaded on rank {self.rank} of {self.size} (they are per "
-                          "rank): residuals start from zero, the steps are kept", stacklevel=2)
+        for c, saved in zip(self._keyed, entry["communicators"], strict=True):
+            checkpoint.restore(c, saved, own)
 
 
-def fsdp_compress(model, codec=None, all_gather_codec=None, algorithm="auto", **options):
+def fsdp_compress(model: torch.nn.Module, codec: Any = None, all_gather_codec: Any = None,
+                  algorithm: str = "auto", **options: Any) -> FSDPState:
     """Compress FSDP2's gradients (and weights) with ccl codecs (collective).
 
     Installs ccl's reduce-scatter on every ``fully_shard``-ed module of

@@ -16,8 +16,7 @@ from ..agreement import agree
 from .runtime import current
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
-           "allgather_object", "to_array", "from_array", "to_torch_tree", "to_numpy_tree",
-           "load_steps"]
+           "allgather_object", "to_array", "from_array"]
 
 # Tensors start at multiples of this many bytes in the broadcast buffer, so a
 # byte slice can be viewed as any dtype without a copy.
@@ -43,47 +42,6 @@ def from_array(array, like):
     if isinstance(array, np.ndarray):
         return torch.from_numpy(array).to(like.device)
     return torch.from_dlpack(array)
-
-
-def to_torch_tree(obj):
-    """numpy arrays -> tensors in a nested structure (checkpoints load with weights_only)."""
-    if isinstance(obj, np.ndarray):
-        return torch.from_numpy(np.array(obj, copy=True))
-    if isinstance(obj, dict):
-        return {k: to_torch_tree(v) for k, v in obj.items()}
-    if type(obj) in (list, tuple):
-        return type(obj)(to_torch_tree(v) for v in obj)
-    return obj
-
-
-def to_numpy_tree(obj):
-    """Tensors -> numpy arrays in a nested structure (the inverse of :func:`to_torch_tree`)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu().numpy().copy()
-    if isinstance(obj, dict):
-        return {k: to_numpy_tree(v) for k, v in obj.items()}
-    if type(obj) in (list, tuple):
-        return type(obj)(to_numpy_tree(v) for v in obj)
-    return obj
-
-
-def load_steps(communicator, state):
-    """Load another rank's :meth:`ccl.Communicator.state_dict`: every key's step, no residual.
-
-    Every rank's keys are at the same step (the ranks agree on it at every
-    call), so a checkpoint saved on one rank gives every rank the steps it
-    needs; residuals are per rank and start from zero.
-
-    Parameters
-    ----------
-    communicator : ccl.Communicator
-    state : dict
-        Its ``state_dict()`` saved on another rank (arrays as tensors or numpy).
-    """
-    feedback = {key: {**entry, "residuals": {}} for key, entry in state["feedback"].items()}
-    communicator.feedback.load_state_dict(feedback)
-
-
 
 
 def _check_root(root_rank, size):

@@ -15,7 +15,31 @@ import weakref
 
 from .engine import STEP, StepCheck
 
-__all__ = ["BucketHooks"]
+__all__ = ["Bucket", "BucketHooks"]
+
+
+class Bucket:
+    """Parameters reduced as one flat array, and the reduction of the step in progress.
+
+    Parameters
+    ----------
+    members : list of int
+        The parameters' positions in the owner's parameter list, in order.
+    flat : torch.Tensor
+        The flat buffer the parameters' contributions are copied into.
+    key : str or None
+        The error-feedback key; None: reduced uncompressed, without error feedback.
+    codec, algorithm : optional
+        How it is reduced, where the owner does not decide at launch.
+    """
+
+    __slots__ = ("members", "flat", "key", "codec", "algorithm", "missing", "job")
+
+    def __init__(self, members, flat, key=None, codec=None, algorithm=None):
+        self.members, self.flat, self.key = members, flat, key
+        self.codec, self.algorithm = codec, algorithm
+        self.missing = len(members)  # parameters whose contribution is not in flat yet
+        self.job = None  # the reduction of this step, once started
 
 
 class BucketHooks:
@@ -27,8 +51,8 @@ class BucketHooks:
         How the owner drops a step, for messages.
 
     Subclasses set ``params`` (the parameters, indexed like the hooks),
-    ``passes`` (backward passes per step), ``buckets`` (in launch order,
-    objects with ``members``, ``missing`` and ``job`` attributes),
+    ``passes`` (backward passes per step), ``buckets`` (:class:`Bucket`, in
+    launch order),
     ``lock`` (a ``threading.RLock``) and ``engine`` (whose ``steps`` and
     ``what`` the step check reports), and define :meth:`fill`,
     :meth:`launch` and :meth:`param_name`.

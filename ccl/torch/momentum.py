@@ -28,7 +28,7 @@ import torch
 
 from .engine import Census, Engine, Job, release
 from .functions import from_array, to_array
-from .hooks import BucketHooks
+from .hooks import Bucket, BucketHooks
 
 __all__ = ["MomentumReducer", "preconditioner", "step_bound", "check_adam_group"]
 
@@ -97,19 +97,6 @@ def preconditioner(v, beta2, frozen, eps):
     return denom.masked_fill_(v == 0, float("inf"))
 
 
-class _Bucket:
-    """Parameters reduced as one flat array: compressed with error feedback, or exactly."""
-
-    __slots__ = ("members", "flat", "key", "missing", "job")
-
-    def __init__(self, members, flat, key):
-        self.members = members  # indices into the optimizer's parameter list, in order
-        self.flat = flat
-        self.key = key  # the error-feedback key; None: reduced uncompressed in every phase
-        self.missing = len(members)
-        self.job = None
-
-
 class MomentumReducer(BucketHooks):
     """Hooks, flat buffers and launches of one ``CompressedAdam`` (collective to make).
 
@@ -164,29 +151,30 @@ class MomentumReducer(BucketHooks):
     def _bucket(self, members, key):
         first = self.params[members[0]]
         numel = sum(self.params[i].numel() for i in members)
-        return _Bucket(members, torch.zeros(numel, dtype=first.dtype, device=first.device), key)
+        # key None: reduced uncompressed in every phase
+        return Bucket(members, torch.zeros(numel, dtype=first.dtype, device=first.device), key)
 
     # ------------------------------------------------------------- backward
     def param_name(self, i):
         return self.owner().names[i]
 
     def fill(self, i):
-        """Fold parameter ``i``'s gradient (zeros if none) and copy what it sends into the bucket."""
+        """Fold parameter ``i``'s gradient (zeros if none); copy what it sends into the bucket."""
         p, bucket = self.params[i], self.bucket_of[i]
         start = self.offset_of[i]
         with torch.no_grad():
-            sent = self.owner().fold(p)
+            sent = self.owner()._fold(p)
             bucket.flat[start:start + p.numel()].copy_(sent.reshape(-1))
         return bucket
 
     def launch(self, bucket):
         optimizer = self.owner()
-        if bucket.key is None or optimizer.in_warmup():
+        if bucket.key is None or optimizer._in_warmup():
             # exact: the MPI library's own Allreduce (no error feedback)
             job = Job(to_array(bucket.flat), None, codec="none", algorithm="mpi")
         else:
             job = Job(to_array(bucket.flat), bucket.key,
-                      lr=optimizer.lr_of(self.params[bucket.members[0]]))
+                      lr=optimizer._lr_of(self.params[bucket.members[0]]))
         bucket.job = job
         self.submit(job)
 

@@ -180,7 +180,7 @@ class _DistributedMixin:
             del self.param_groups[groups:]
             raise
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         """The wrapped optimizer's state dict plus this rank's error-feedback state ("ccl").
 
         The ``"ccl"`` entry holds each bucket's residuals as tensors (so
@@ -204,7 +204,7 @@ class _DistributedMixin:
         state["ccl"] = self._ccl.state_dict()
         return state
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict) -> None:
         """Load a state dict; restores residuals saved by this same rank.
 
         A state without a ``"ccl"`` entry (e.g. from a plain optimizer) keeps
@@ -229,7 +229,8 @@ class _DistributedMixin:
                                "reduced: call step() or synchronize() first")
         state_dict = dict(state_dict)
         ccl_state = state_dict.pop("ccl", None)
-        own = ccl_state is not None and self._ccl.check_state(ccl_state)
+        if ccl_state is not None:
+            ccl_state, own = self._ccl.check_state(ccl_state)
         super().load_state_dict(state_dict)
         if ccl_state is not None:
             self._ccl.load_state_dict(ccl_state, own)

@@ -11,7 +11,6 @@ starts the rest and writes the averages back into ``.grad``.
 """
 
 import threading
-import warnings
 import weakref
 import zlib
 
@@ -22,28 +21,15 @@ from mpi4py import MPI
 from ..agreement import agree
 from .buckets import work_dtype
 from .engine import Engine, Job, release
-from .functions import from_array, load_steps, to_array, to_numpy_tree, to_torch_tree
-from .hooks import BucketHooks
+from . import checkpoint
+from .functions import from_array, to_array
+from .hooks import Bucket, BucketHooks
 from .powersgd import PowerSGDJob
 
-__all__ = ["Reducer", "STATE_VERSION"]
+__all__ = ["Reducer", "OWNER"]
 
-#: Version of the ``"ccl"`` entry of a DistributedOptimizer's state dict.
-STATE_VERSION = 1
-
-
-class _Bucket:
-    """A group of parameters reduced as one flat array."""
-
-    __slots__ = ("members", "flat", "codec", "algorithm", "key", "missing", "job")
-
-    def __init__(self, members, flat):
-        self.members = members  # indices into the reducer's parameter list, in order
-        self.flat = flat
-        self.missing = len(members)  # parameters whose gradient is not in flat yet
-        self.job = None
-        self.codec = self.algorithm = self.key = None
-
+#: The ``owner`` of a DistributedOptimizer's checkpoint entry (:mod:`.checkpoint`).
+OWNER = "DistributedOptimizer"
 
 
 class Reducer(BucketHooks):
@@ -83,14 +69,12 @@ class Reducer(BucketHooks):
                 self.bucket_of[i], self.offset_of[i] = b, offset
                 offset += self.params[i].numel()
             first = self.params[members[0]]
-            bucket = _Bucket(members, torch.zeros(offset, dtype=work_dtype(first.dtype),
-                                                  device=first.device))
+            flat = torch.zeros(offset, dtype=work_dtype(first.dtype), device=first.device)
             if plan.compressed[b]:
-                bucket.codec, bucket.algorithm, bucket.key = plan.codec, plan.algorithm, \
-                    f"bucket{b}"
+                bucket = Bucket(members, flat, f"bucket{b}", plan.codec, plan.algorithm)
             else:
                 # Too small to pay for compression: the MPI library's own Allreduce.
-                bucket.codec, bucket.algorithm, bucket.key = "none", "auto", None
+                bucket = Bucket(members, flat, None, "none", "auto")
             self.buckets.append(bucket)
             self._handles += self.hook(members)
         self.layout_hash = zlib.crc32(repr(plan.layout()).encode("utf-8"))
@@ -225,53 +209,37 @@ class Reducer(BucketHooks):
 
     # ----------------------------------------------------------------- state
     def state_dict(self):
-        state = {"version": STATE_VERSION, "rank": self.rank, "size": self.size,
-                 "buckets": self.layout_hash, "steps": self.engine.steps,
-                 "communicator": to_torch_tree(self.engine.communicator.state_dict())}
-        if self.plan.powersgd is not None:
-            state["powersgd"] = self.plan.powersgd.state_dict()
-        return state
+        """This rank's ``"ccl"`` entry of the optimizer's state dict (:mod:`.checkpoint`)."""
+        extra = {} if self.plan.powersgd is None else \
+            {"powersgd": self.plan.powersgd.state_dict()}
+        return checkpoint.save(OWNER, rank=self.rank, size=self.size, layout=self.layout_hash,
+                               steps=self.engine.steps,
+                               communicators=[self.engine.communicator.state_dict()], **extra)
 
     def check_state(self, state):
-        """Validate a :meth:`state_dict`; return whether its residuals apply to this rank."""
-        try:
-            version, layout = state["version"], state["buckets"]
-            saved_rank, saved_size = state["rank"], state["size"]
-            codec = state["communicator"]["codec"]
-        except (KeyError, TypeError):
-            raise ValueError("the 'ccl' entry of the state dict is not a "
-                             "DistributedOptimizer state") from None
-        if version != STATE_VERSION:
-            raise ValueError(f"ccl state version {version} is not supported "
-                             f"(this is version {STATE_VERSION})")
-        if layout != self.layout_hash:
-            raise ValueError("the state was saved by a DistributedOptimizer with other "
-                             "buckets (other parameters, fusion_threshold_bytes or "
-                             "named_parameters)")
-        if codec != self.plan.codec.get_config():
-            raise ValueError(f"the state was saved with codec {codec!r}, this optimizer uses "
-                             f"{self.plan.codec.get_config()!r}")
-        if (self.plan.powersgd is None) != ("powersgd" not in state):
+        """Validate a ``"ccl"`` entry; return it in the current format and whether it is ours.
+
+        Residuals saved by another rank or at another size are not loaded:
+        one :class:`~ccl.torch.checkpoint.ResidualsNotLoadedWarning` says so.
+        """
+        entry = checkpoint.checked(
+            state, OWNER, layout=self.layout_hash,
+            layout_error="the state was saved by a DistributedOptimizer with other buckets "
+                         "(other parameters, fusion_threshold_bytes or named_parameters)",
+            codecs=[self.plan.codec.get_config()])
+        if (self.plan.powersgd is None) != ("powersgd" not in entry):
+            codec = entry["communicators"][0]["codec"]
             raise ValueError("the state was saved with codec "
-                             f"{'powersgd' if 'powersgd' in state else codec!r}, this "
+                             f"{'powersgd' if 'powersgd' in entry else codec!r}, this "
                              f"optimizer uses {self.plan.config()!r}")
         if self.plan.powersgd is not None:
-            self.plan.powersgd.check_state(state["powersgd"])
-        if (saved_rank, saved_size) != (self.rank, self.size):
-            warnings.warn(f"error-feedback residuals saved by rank {saved_rank} of "
-                          f"{saved_size} are not loaded on rank {self.rank} of {self.size} "
-                          "(they are per rank): residuals start from zero, steps are kept. Save "
-                          "optimizer.state_dict() on every rank to keep them.", stacklevel=3)
-            return False
-        return True
+            self.plan.powersgd.check_state(entry["powersgd"])
+        return entry, checkpoint.owns(entry, self.rank, self.size, stacklevel=4)
 
-    def load_state_dict(self, state, own=True):
-        """Load a checked state: its steps, and its residuals if ``own`` (this rank's)."""
-        if own:
-            self.engine.communicator.load_state_dict(to_numpy_tree(state["communicator"]))
-        else:  # another rank's: the keys' steps (the same on every rank), zero residuals
-            load_steps(self.engine.communicator, state["communicator"])
+    def load_state_dict(self, entry, own=True):
+        """Load a checked entry: its steps, and its residuals if ``own`` (this rank's)."""
+        checkpoint.restore(self.engine.communicator, entry["communicators"][0], own)
         if self.plan.powersgd is not None:
-            self.plan.powersgd.load_state_dict(state["powersgd"], own)
-        self.engine.steps = int(state.get("steps", self.engine.steps))
-
+            self.plan.powersgd.load_state_dict(entry["powersgd"], own)
+        if entry["steps"] is not None:
+            self.engine.steps = int(entry["steps"])
