@@ -227,11 +227,15 @@ class Engine:
         self._inline = []
         self._thread = None
         if threads_supported():
-            self._thread = threading.Thread(target=_serve, args=(self._jobs, self.communicator),
+            self._thread = threading.Thread(target=self.serve, args=(self._jobs,),
                                             name="ccl.torch-comm", daemon=True)
             self._thread.start()
         self.retired = runtime.retired
         self.number = runtime.register(self)
+
+    def serve(self, jobs):
+        """The communication thread's loop: run ``jobs`` in the order they were submitted."""
+        _serve(jobs, self.communicator)
 
     @property
     def threaded(self):

@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from ..agreement import agreement_row, field_crc, verdict
 
-__all__ = ["negotiate", "join_work", "zeros_of", "JoinedError", "MAX_FIELDS"]
+__all__ = ["negotiate", "join_work", "zeros_of", "JoinedError", "NamesDiffer", "MAX_FIELDS"]
 
 #: fields of a collective's fingerprint (the call's kind comes first)
 MAX_FIELDS = 7
@@ -47,6 +47,21 @@ _ALLREDUCE = field_crc("allreduce")
 
 class JoinedError(RuntimeError):
     """A collective other ranks cannot join: some ranks called ``join()`` already."""
+
+
+class NamesDiffer(Exception):
+    """The ranks' next collectives have different names: the engine matches them by name.
+
+    Raised on every rank alike (from the same exchanged rows) before any data
+    moves, so the call is simply run again once the ranks agreed on which
+    named collective goes first (:mod:`ccl.torch.matching`).
+    """
+
+
+def _names_differ(fields, rows):
+    """Whether the ranks' rows differ in the ``name`` field (the same verdict everywhere)."""
+    column = next((1 + i for i, (field, _) in enumerate(fields) if field == "name"), None)
+    return column is not None and not (rows[:, column] == rows[0, column]).all()
 
 
 def _exchange(comm, row):
@@ -103,8 +118,10 @@ def negotiate(comm, what, fields, error, describe=None):
 
     Raises
     ------
+    NamesDiffer
+        If no rank has joined and the ranks' collectives have different names.
     ccl.MismatchError
-        If active ranks disagree (as :func:`ccl.agreement.agree`).
+        If active ranks disagree otherwise (as :func:`ccl.agreement.agree`).
     JoinedError
         If ranks have joined and this collective cannot go ahead without them.
     """
@@ -113,6 +130,8 @@ def negotiate(comm, what, fields, error, describe=None):
     rows = _exchange(comm, row)
     joined = np.flatnonzero(rows[:, _JOINED])
     if not joined.size:
+        if _names_differ(fields, rows):
+            raise NamesDiffer(what)
         verdict(comm, what, fields, row[:_WIDTH], rows[:, :_WIDTH], error)
         return []
     active = np.flatnonzero(rows[:, _JOINED] == 0)

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..agreement import agree
 from ..collectives.auto import fitting
 from . import timeline
 from .adasum import adasum_allreduce
@@ -86,14 +85,14 @@ def _agree(process_set, what, fields, error, describe=None):
     """Agree on the call with the set's ranks; return the ranks that called ``join()``.
 
     The global set negotiates with joined ranks too (:mod:`ccl.torch.joins`);
-    ``describe`` tells them what an allreduce needs from them.
+    ``describe`` tells them what an allreduce needs from them. Ranks whose
+    calls have different names raise :class:`~ccl.torch.joins.NamesDiffer`
+    alike, and the collectives' thread matches the names
+    (:mod:`ccl.torch.matching`).
     """
     try:
         with timeline.phase("NEGOTIATE", what):
-            if process_set.process_set_id == 0:
-                return negotiate(process_set._comm, what, fields, error, describe)
-            agree(process_set._comm, what, fields, error)
-            return []
+            return negotiate(process_set._comm, what, fields, error, describe)
     except (MismatchError, JoinedError) as exc:
         raise HorovodInternalError(f"{what}: {exc}") from exc
 
