@@ -46,6 +46,18 @@ class _Bucket:
 
 
 
+def _sparse_like(grad, dense):
+    """The reduced ``dense`` gradient in ``grad``'s sparse layout (slices with any nonzero).
+
+    Horovod allgathers sparse gradients, so its result holds every rank's
+    entries and its dense value is the average; this one has the same dense
+    value, exactly. Slices whose average is exactly zero are left out, where
+    Horovod keeps explicit zeros (an optimizer that treats a present zero row
+    differently from an absent one, as ``SparseAdam`` does, can differ there).
+    """
+    return dense.to(grad.dtype).to_sparse(grad.sparse_dim())
+
+
 class Reducer(BucketHooks):
     """Hooks, buckets and per-step bookkeeping of one DistributedOptimizer."""
 
@@ -134,10 +146,9 @@ class Reducer(BucketHooks):
             if p.grad is None:
                 view.zero_()
             else:
-                if p.grad.is_sparse:
-                    raise TypeError(f"parameter {self.plan.names[i]!r} got a sparse "
-                                    "gradient; DistributedOptimizer reduces dense gradients")
-                view.copy_(p.grad)
+                # a sparse gradient (nn.Embedding(sparse=True)) is averaged densely in
+                # its bucket and handed back sparse (see _write_back)
+                view.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
                 if self.prescale != 1.0:
                     view.mul_(self.prescale)
         return bucket
@@ -217,6 +228,9 @@ class Reducer(BucketHooks):
                         continue
                     p, start = self.params[i], self.offset_of[i]
                     values = result[start:start + p.numel()].view(p.shape)
+                    if p.grad is not None and p.grad.is_sparse:
+                        p.grad = _sparse_like(p.grad, values * self.postscale)
+                        continue
                     if p.grad is None:
                         p.grad = torch.empty_like(p)
                     p.grad.copy_(values)
