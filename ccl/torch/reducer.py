@@ -82,6 +82,7 @@ class Reducer(BucketHooks):
         self.synced_since_step = False
         self._handles = []
         self._add_buckets(plan.buckets)
+        self.engine.joined_step = weakref.WeakMethod(self.joined_step)
         weakref.finalize(self, release, self._handles, self.engine)
 
     def _add_buckets(self, buckets):
@@ -200,6 +201,39 @@ class Reducer(BucketHooks):
             error = next((b.job.error for b in launched if b.job.error is not None), None)
             if error is None:
                 self._write_back(launched, anywhere)
+                self.engine.steps += 1
+            self.reset()
+        if error is not None:
+            raise error
+
+    def joined_step(self, check):
+        """Take part in the other ranks' step with zeros: this rank is in ``join()`` (collective).
+
+        As Horovod's joined ranks: every bucket the others reduce gets zeros
+        from this rank (an average still divides by every rank), and this
+        rank's gradients and parameters are left as they are. The step counts
+        as one, so every rank is at the same step once all joined.
+
+        Parameters
+        ----------
+        check : ccl.torch.engine.JoinCheck
+            The step's check, done: the others started a step.
+        """
+        with self.lock:
+            self.reset()
+            self.check = check  # the step's check: the buckets' jobs run after it
+            has = np.zeros(len(self.params), dtype=np.uint8)  # no gradient here
+            self.comm.Allreduce(MPI.IN_PLACE, has, op=MPI.MAX)
+            launched = []
+            for bucket in self.buckets:
+                if any(has[i] for i in bucket.members):
+                    bucket.flat.zero_()
+                    self.launch(bucket)
+                    launched.append(bucket)
+            for bucket in launched:
+                self.engine.wait(bucket.job)
+            error = next((b.job.error for b in launched if b.job.error is not None), None)
+            if error is None:
                 self.engine.steps += 1
             self.reset()
         if error is not None:
