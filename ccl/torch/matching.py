@@ -22,6 +22,13 @@ data moves; every rank reaches that verdict from the same rows and enters
 
 Names are compared by a 64-bit hash of the string; generated names
 (``allreduce.noname.3``) take part too.
+
+>>> import torch, ccl.torch as hvd
+>>> hvd.init()
+>>> order = ["a", "b"] if hvd.rank() % 2 == 0 else ["b", "a"]
+>>> handles = {n: hvd.allreduce_async(torch.ones(2), name=n, op=hvd.Sum) for n in order}
+>>> [hvd.synchronize(handles[n]).tolist() == [float(hvd.size())] * 2 for n in "ab"]
+[True, True]
 """
 
 import hashlib
