@@ -124,11 +124,15 @@ def _postscaled(buf, op, size, postscale):
 
     An integer average is the exact sum floor-divided by ``size`` (rounded
     toward minus infinity), the reference Horovod's own test suite takes
-    (``torch.floor_divide``); a float average multiplies by ``postscale / size``.
+    (``torch.floor_divide``); a float average is the sum divided by ``size``
+    (correctly rounded: the suite compares with ``sum / size``), then
+    multiplied by ``postscale``.
     """
     if op == Average and not buf.dtype.is_floating_point:
         return _scale(buf.copy_(torch.floor_divide(buf, size)), postscale)
-    return _scale(buf, postscale / size if op == Average else postscale)
+    if op == Average and size != 1:
+        buf.div_(size)
+    return _scale(buf, postscale)
 
 
 def _prescaled(tensor, factor):
