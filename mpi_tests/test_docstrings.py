@@ -44,7 +44,7 @@ TORCH_MODULES = ["ccl.torch.runtime", "ccl.torch.functions", "ccl.torch.buckets"
                  "ccl.torch.process_sets", "ccl.torch.basics", "ccl.torch.horovod_optimizer",
                  "ccl.torch.horovod_functions", "ccl.torch.tensor_ops", "ccl.torch.diloco",
                  "ccl.torch.joins", "ccl.torch.diloco_plan", "ccl.torch.adasum_optimizer",
-                 "ccl.torch.checkpoint"]
+                 "ccl.torch.checkpoint", "ccl.torch.matching"]
 DOCTEST_MODULES = [
     "ccl", "ccl.api", "ccl.errors", "ccl.feedback", "ccl.launch",
     "ccl.codecs.base", "ccl.codecs.configurable", "ccl.codecs.framing", "ccl.codecs.header",

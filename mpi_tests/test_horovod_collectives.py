@@ -370,3 +370,17 @@ def test_integer_average_rounds_toward_minus_infinity(hvd, dtype):
     assert torch.equal(hvd.allreduce(x, op=hvd.Average), want)
     rows = hvd.reducescatter(x.repeat(size, 1), op=hvd.Average)
     assert torch.equal(rows, want.repeat(1, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_float_average_is_the_sum_divided_by_the_ranks(hvd, dtype):
+    """The average is the exact sum divided by the size, correctly rounded (not times 1/size)."""
+    size, rank = hvd.size(), hvd.rank()
+    shape = (64, 5)
+    got = hvd.allreduce(rank_tensor(rank, shape, dtype, seed=3) * 37, op=hvd.Average)
+    total = sum(rank_tensor(r, shape, dtype, seed=3) * 37 for r in range(size))  # exact
+    assert torch.equal(got, total / size)
+    scaled = hvd.grouped_allreduce([rank_tensor(rank, shape, dtype, seed=4) * 37],
+                                   op=hvd.Average, postscale_factor=2.0)[0]
+    total = sum(rank_tensor(r, shape, dtype, seed=4) * 37 for r in range(size))
+    assert torch.equal(scaled, total / size * 2.0)

@@ -262,6 +262,52 @@ def test_sparse_as_dense(hvd, comm):
     torch.testing.assert_close(run(True), run(False), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("extra_dense", [False, True])
+def test_sparse_gradients_without_sparse_as_dense(hvd, comm, extra_dense):
+    """Sparse gradients come back sparse, their dense value the exact average of every rank's."""
+    size, rank = hvd.size(), hvd.rank()
+
+    def model():
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(12, 3, sparse=True)
+        head = torch.nn.Linear(3, 1) if extra_dense else None
+        params = list(emb.parameters()) + (list(head.parameters()) if head else [])
+        return emb, head, params
+
+    def loss(emb, head, step, r):
+        ids = torch.tensor([(r + step) % 12, 5, (3 * r) % 12])
+        out = emb(ids)
+        return (head(out) if head else out * (r + 1)).sum()
+
+    emb, head, params = model()
+    names = [(f"p{i}", p) for i, p in enumerate(params)]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.5), named_parameters=names)
+    ref_emb, ref_head, ref_params = model()
+    ref_opt = torch.optim.SGD(ref_params, lr=0.5)
+    for step in range(3):
+        opt.zero_grad(set_to_none=True)  # as torch's default: the next gradient is sparse
+        loss(emb, head, step, rank).backward()
+        assert emb.weight.grad.is_sparse
+        opt.synchronize()
+        assert emb.weight.grad.is_sparse  # handed back sparse, as Horovod's allgathered one
+        # the reference: every rank's gradient rebuilt here, averaged in float64
+        ref_opt.zero_grad(set_to_none=True)
+        want = [torch.zeros_like(p, dtype=torch.float64) for p in ref_params]
+        for r in range(size):
+            ref_opt.zero_grad(set_to_none=True)
+            loss(ref_emb, ref_head, step, r).backward()
+            for w, p in zip(want, ref_params, strict=True):
+                w += p.grad.to_dense().to(torch.float64)
+        for p, w, got in zip(ref_params, want, params, strict=True):
+            p.grad = (w / size).to(p.dtype)
+            torch.testing.assert_close(got.grad.to_dense(), p.grad, rtol=1e-6, atol=1e-6)
+        with opt.skip_synchronize():
+            opt.step()
+        ref_opt.step()
+        for got, p in zip(params, ref_params, strict=True):
+            torch.testing.assert_close(got.detach(), p.detach(), rtol=1e-6, atol=1e-6)
+
+
 def test_horovod_fusion_threshold_variable(hvd, monkeypatch):
     model, _ = model_and_data(hvd.rank())
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)

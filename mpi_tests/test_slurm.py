@@ -156,3 +156,24 @@ def test_pytest_subset_under_srun_at_3_tasks():
                        "test_mean")
     assert rc == 0, _tail(output)
     assert "size: 3" in output and " passed" in output and "failed" not in output, _tail(output)
+
+
+def test_ccl_run_inside_an_allocation_launches_through_srun(tmp_path):
+    """``python -m ccl.run -np 2 python script.py`` in an allocation: srun runs the ranks."""
+    script = tmp_path / "hvd_sum.py"
+    script.write_text(
+        "import os\n"
+        "import torch\n"
+        "import ccl.torch as hvd\n"
+        "hvd.init()\n"
+        "total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()\n"
+        "step = os.environ.get('SLURM_STEP_ID')\n"
+        "print(f'rank {hvd.rank()} of {hvd.size()}: sum {total}, step {step}', flush=True)\n"
+        "hvd.shutdown()\n")
+    rc, output = _run(["salloc", "--ntasks=2", "--time=5", sys.executable, "-m", "ccl.run",
+                       "-np", "2", "--verbose", "python", str(script)])
+    assert rc == 0, _tail(output)
+    assert "srun --ntasks=2 --mpi=pmi2" in output, _tail(output)  # what --verbose shows
+    for rank in range(2):
+        assert f"rank {rank} of 2: sum 3.0, step " in output, _tail(output)
+    assert "step None" not in output, _tail(output)  # each rank is a task of an srun step

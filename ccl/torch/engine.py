@@ -17,11 +17,12 @@ from ..errors import MismatchError
 from ..transport import channel
 from .runtime import threads_supported
 
-__all__ = ["Job", "Census", "StepCheck", "Engine", "release", "check_step", "exact_sum",
-           "STEP", "CLOSE", "decision_stats"]
+__all__ = ["Job", "Census", "StepCheck", "JoinCheck", "Engine", "release", "check_step",
+           "exact_sum", "STEP", "CLOSE", "JOINED", "decision_stats"]
 
-#: What a rank does in a step check: starts a step, or frees its engine (shutdown).
-STEP, CLOSE = 1, 2
+#: What a rank does in a step check: starts a step, frees its engine (shutdown), or
+#: waits in ``join()``, ready to take part in the others' steps with zeros.
+STEP, CLOSE, JOINED = 1, 2, 3
 
 
 class Job:
@@ -118,11 +119,48 @@ class StepCheck(Job):
 
     def run(self, communicator):
         try:
-            check_step(communicator, self.what, self.kind, self.number)
+            self.result = check_step(communicator, self.what, self.kind, self.number)
         except BaseException as exc:  # handed to the thread that waits for the check
             self.error = exc
         finally:
             self.done.set()
+        if self.on_done is not None:
+            self.on_done(self)
+
+
+class JoinCheck(StepCheck):
+    """A rank in ``join()`` answers the step check of the other ranks' next step.
+
+    Its ``result`` is the table of every rank's (kind, step) once done: the
+    ranks' next step (some rank's kind is ``STEP``), or none (every rank
+    joined, or some freed the engine).
+
+    Parameters
+    ----------
+    what : str
+        The owner, for messages.
+    able : bool
+        Whether the owner can take part in a step with zeros; if not, the
+        stepping ranks raise.
+    on_done : callable
+        Called with the check once done, in the engine's thread.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, what, able, on_done):
+        super().__init__(what, JOINED, 0 if able else -1)
+        self.on_done = on_done
+
+    @property
+    def stepping(self):
+        """Whether other ranks started a step (this rank then takes part with zeros)."""
+        return self.error is None and STEP in self.result[0]
+
+    @property
+    def peers_closed(self):
+        """Whether some rank freed the engine (no step check follows on it)."""
+        return self.error is None and CLOSE in self.result[0]
 
 
 def _ranks(ranks):
@@ -143,12 +181,19 @@ def check_step(communicator, what, kind, number):
     number : int
         The steps this rank's owner completed.
 
+    Returns
+    -------
+    tuple of list of int
+        Every rank's kind and step (ranks in ``join()`` send ``JOINED``; their
+        steps are not compared).
+
     Raises
     ------
     ccl.MismatchError
         On every rank, naming the ranks and their steps, when ranks start
         different steps or some free the engine while the others start a
-        step (its ``stopped`` attribute then lists those ranks).
+        step (its ``stopped`` attribute then lists those ranks), or when a
+        rank in ``join()`` cannot take part in the owner's steps.
     """
     size, rank = communicator.size, communicator.rank
     row = np.zeros(2 * size)
@@ -159,8 +204,16 @@ def check_step(communicator, what, kind, number):
     kinds, numbers = np.rint(table[:size]).astype(int), np.rint(table[size:]).astype(int)
     closing = [r for r in range(size) if kinds[r] == CLOSE]
     stepping = [r for r in range(size) if kinds[r] == STEP]
-    if not stepping or (not closing and (numbers == numbers[0]).all()):
-        return
+    unable = [r for r in range(size) if kinds[r] == JOINED and numbers[r] < 0]
+    table = (kinds.tolist(), numbers.tolist())
+    steps = numbers[stepping]
+    if not stepping or (not closing and not unable and (steps == steps[0]).all()):
+        return table
+    if unable and not closing:
+        raise MismatchError(
+            f"{_ranks(unable)} called join(), and {what} cannot take part in the other ranks' "
+            "steps with zeros there: only a DistributedOptimizer can", field="step",
+            ranks=[unable, stepping])
     if closing:
         last = sorted({int(numbers[r]) for r in closing})
         error = MismatchError(
@@ -172,7 +225,7 @@ def check_step(communicator, what, kind, number):
         error.stopped = closing
         raise error
     groups = {}
-    for r in range(size):
+    for r in stepping:
         groups.setdefault(int(numbers[r]), []).append(r)
     where = "; ".join(f"{_ranks(ranks)} at step {n + 1}" for n, ranks in groups.items())
     raise MismatchError(
@@ -210,6 +263,10 @@ class Engine:
     #: at the same point of their training.
     checks_steps = True
 
+    #: The owner's part in other ranks' steps while this rank is in ``join()``: a
+    #: ``weakref.WeakMethod`` of ``joined_step(check)`` (None: the owner cannot take part).
+    joined_step = None
+
     def __init__(self, runtime, codec, algorithm, op, **options):
         # Engines of optimizers (or hooks) gone since the last one was made: freed
         # now, at a point every rank reaches in the same order.
@@ -223,15 +280,20 @@ class Engine:
         self.what = "ccl.torch"  # the owner, for the step check's messages
         self.steps = 0  # the steps the owner completed (the owner counts them)
         self.last_check = None  # the last StepCheck submitted
+        self.gone = False  # the owner was garbage-collected (retire())
         self._jobs = queue.SimpleQueue()
         self._inline = []
         self._thread = None
         if threads_supported():
-            self._thread = threading.Thread(target=_serve, args=(self._jobs, self.communicator),
+            self._thread = threading.Thread(target=self.serve, args=(self._jobs,),
                                             name="ccl.torch-comm", daemon=True)
             self._thread.start()
         self.retired = runtime.retired
         self.number = runtime.register(self)
+
+    def serve(self, jobs):
+        """The communication thread's loop: run ``jobs`` in the order they were submitted."""
+        _serve(jobs, self.communicator)
 
     @property
     def threaded(self):
@@ -268,6 +330,7 @@ class Engine:
         Safe in a finalizer (no MPI call, no lock).
         """
         self.stop()
+        self.gone = True  # join() no longer serves it
         self.retired.put(self.number)
 
     def join(self, timeout=None):
@@ -293,8 +356,9 @@ class Engine:
             job.run(self.communicator)
         self._inline = []
         # tells ranks still stepping that this rank stopped (else they would wait forever)
-        stopped = self.last_check is not None and \
+        stopped = self.last_check is not None and (
             getattr(self.last_check.error, "stopped", None)
+            or getattr(self.last_check, "peers_closed", False))
         check = None
         if self.checks_steps and not stopped and not MPI.Is_finalized():
             check = StepCheck(self.what, CLOSE, self.steps)

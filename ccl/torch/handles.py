@@ -6,7 +6,10 @@ which runs them in submission order; ``*_async`` calls return the handle at
 once, so the collective overlaps whatever the caller does next. Names are
 Horovod's: given by the caller (``name=``) or generated per kind and process
 set (``allreduce.noname.7``), the same on every rank that makes the same
-calls. Two collectives in flight under one name are an error, as in Horovod.
+calls. Ranks may submit named collectives in different orders: the engine
+then agrees with the other ranks on which name goes first
+(:mod:`ccl.torch.matching`), as Horovod's coordinator does. Two collectives
+in flight under one name are an error, as in Horovod.
 """
 
 import collections
@@ -15,6 +18,7 @@ import threading
 import time
 
 from . import timeline
+from .joins import NamesDiffer
 from .process_sets import ops_engine, set_comm
 from .runtime import current
 from .tensor_ops import AutoName
@@ -39,24 +43,42 @@ class Op:
         self.label = None  # (kind, name) for the timeline
 
     def run(self, communicator):
-        """Called by the engine (``communicator`` is unused: the set has its own)."""
+        """Called by the engine (``communicator`` is unused: the set has its own).
+
+        Returns
+        -------
+        bool
+            False when the ranks' next collectives had different names: nothing
+            ran, and the engine matches the names (:mod:`ccl.torch.matching`)
+            before running it again.
+        """
         start = time.perf_counter()
         try:
             self.result = self.work(self.process_set)
+        except NamesDiffer:
+            return False
         except BaseException as exc:  # handed to synchronize()
             self.error = exc
-        finally:
-            if self.label is not None and timeline.active():
-                kind, name = self.label
-                timeline.record(name, kind, start, time.perf_counter(),
-                                process_set=self.process_set.process_set_id,
-                                failed=self.error is not None)
-            if self.flight is not None:
-                with _LOCK:
-                    _IN_FLIGHT[self.flight] -= 1
-                    if not _IN_FLIGHT[self.flight]:
-                        del _IN_FLIGHT[self.flight]
-            self.done.set()
+        self._finish(start)
+        return True
+
+    def fail(self, error):
+        """End the collective with ``error`` without running it (the engine's matching)."""
+        self.error = error
+        self._finish(None)
+
+    def _finish(self, start):
+        if start is not None and self.label is not None and timeline.active():
+            kind, name = self.label
+            timeline.record(name, kind, start, time.perf_counter(),
+                            process_set=self.process_set.process_set_id,
+                            failed=self.error is not None)
+        if self.flight is not None:
+            with _LOCK:
+                _IN_FLIGHT[self.flight] -= 1
+                if not _IN_FLIGHT[self.flight]:
+                    del _IN_FLIGHT[self.flight]
+        self.done.set()
 
 
 def submit(kind, name, process_set, work, error=None, post=None):

@@ -203,7 +203,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         ``fusion_threshold_bytes``) with no other parameter's.
     sparse_as_dense : bool
         Turn sparse gradients (``nn.Embedding(sparse=True)``) dense before
-        they are reduced; without it a sparse gradient raises ``TypeError``.
+        they are reduced, and leave them dense. Without it a sparse gradient
+        is averaged (densely, in its bucket) and handed back sparse, its
+        dense value the exact average, as Horovod's allgathered result.
     process_set : ProcessSet
         The ranks whose gradients are averaged (default: every rank); only
         its members call this, and ``step()`` is collective over them.

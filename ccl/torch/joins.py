@@ -15,6 +15,9 @@ in :func:`join_work`. While some ranks have joined:
 * once every rank sent a joined row, ``join`` returns on every rank with
   the rank that joined last.
 
+Meanwhile the joined rank's own thread takes part in the other ranks'
+``DistributedOptimizer`` steps with zeros (:func:`serve_steps`).
+
 So no rank hangs: a joined rank answers every exchange the others start.
 
 >>> import torch, ccl.torch as hvd
@@ -27,6 +30,7 @@ True
 """
 
 import json
+import threading
 import time
 
 import numpy as np
@@ -34,8 +38,10 @@ import torch
 from mpi4py import MPI
 
 from ..agreement import agreement_row, field_crc, verdict
+from .engine import JoinCheck
 
-__all__ = ["negotiate", "join_work", "zeros_of", "JoinedError", "MAX_FIELDS"]
+__all__ = ["negotiate", "join_work", "serve_steps", "zeros_of", "JoinedError", "NamesDiffer",
+           "MAX_FIELDS"]
 
 #: fields of a collective's fingerprint (the call's kind comes first)
 MAX_FIELDS = 7
@@ -47,6 +53,21 @@ _ALLREDUCE = field_crc("allreduce")
 
 class JoinedError(RuntimeError):
     """A collective other ranks cannot join: some ranks called ``join()`` already."""
+
+
+class NamesDiffer(Exception):
+    """The ranks' next collectives have different names: the engine matches them by name.
+
+    Raised on every rank alike (from the same exchanged rows) before any data
+    moves, so the call is simply run again once the ranks agreed on which
+    named collective goes first (:mod:`ccl.torch.matching`).
+    """
+
+
+def _names_differ(fields, rows):
+    """Whether the ranks' rows differ in the ``name`` field (the same verdict everywhere)."""
+    column = next((1 + i for i, (field, _) in enumerate(fields) if field == "name"), None)
+    return column is not None and not (rows[:, column] == rows[0, column]).all()
 
 
 def _exchange(comm, row):
@@ -103,8 +124,10 @@ def negotiate(comm, what, fields, error, describe=None):
 
     Raises
     ------
+    NamesDiffer
+        If no rank has joined and the ranks' collectives have different names.
     ccl.MismatchError
-        If active ranks disagree (as :func:`ccl.agreement.agree`).
+        If active ranks disagree otherwise (as :func:`ccl.agreement.agree`).
     JoinedError
         If ranks have joined and this collective cannot go ahead without them.
     """
@@ -113,6 +136,8 @@ def negotiate(comm, what, fields, error, describe=None):
     rows = _exchange(comm, row)
     joined = np.flatnonzero(rows[:, _JOINED])
     if not joined.size:
+        if _names_differ(fields, rows):
+            raise NamesDiffer(what)
         verdict(comm, what, fields, row[:_WIDTH], rows[:, :_WIDTH], error)
         return []
     active = np.flatnonzero(rows[:, _JOINED] == 0)
@@ -166,3 +191,54 @@ def zeros_of(spec):
     """The zero tensors a joined rank contributes to an allreduce ``spec``."""
     return [torch.zeros(shape, dtype=getattr(torch, dtype.split(".")[-1]))
             for dtype, shape in spec["tensors"]]
+
+
+def serve_steps(runtime):
+    """The joined rank's part in the others' ``DistributedOptimizer`` steps (collective).
+
+    Each live optimizer of ``runtime`` gets a :class:`~ccl.torch.engine.JoinCheck`
+    in its engine (its own thread and communicator): when the other ranks
+    start a step there, this rank takes part with zeros (the owner's
+    ``joined_step``) and answers the next check; an optimizer is done once
+    every rank joined (or some freed it). Several optimizers' steps are
+    served in the order they complete their checks; steps that start
+    together (one backward for two optimizers) are served in the order the
+    optimizers were made.
+
+    Parameters
+    ----------
+    runtime : object
+        ``ccl.torch``'s runtime (``ccl.torch.runtime.current()``).
+    """
+    engines = [engine for _, engine in sorted(runtime.engines.items())
+               if engine.checks_steps and not engine.closed and not engine.gone]
+    ready = threading.Event()
+
+    def owner_step(engine):
+        return engine.joined_step() if engine.joined_step is not None else None
+
+    def check(engine):
+        job = JoinCheck(engine.what, owner_step(engine) is not None, lambda _: ready.set())
+        engine.submit(job)
+        return job
+
+    checks = {i: check(engine) for i, engine in enumerate(engines)}
+    while checks:
+        done = [i for i in sorted(checks) if checks[i].done.is_set()]
+        if not done:
+            ready.wait()
+            ready.clear()
+            continue
+        for i in done:
+            job, engine = checks.pop(i), engines[i]
+            if job.error is not None and getattr(job.error, "stopped", None):
+                continue  # some rank freed the optimizer: no further step there
+            if job.error is None and not job.stepping:
+                continue  # every rank joined (or some freed it)
+            step = owner_step(engine) if job.error is None else None
+            if step is not None:
+                try:
+                    step(job)
+                except Exception:  # the stepping ranks raise it in their step: serve on
+                    pass
+            checks[i] = check(engine)

@@ -17,8 +17,9 @@ import torch
 from . import tensor_ops
 from .collectives import capture_error
 from .handles import submit, synchronize
-from .joins import join_work, zeros_of
+from .joins import join_work, serve_steps, zeros_of
 from .process_sets import global_process_set
+from .runtime import current
 from .tensor_ops import check_tensor
 
 __all__ = ["allgather_async", "sparse_allreduce_async", "grouped_allgather_async",
@@ -314,10 +315,15 @@ def join(device=-1):
 
     As Horovod: a rank that joined (ran out of data) takes part in the other
     ranks' later allreduces of the global process set with zeros, until every
-    rank joined; an average still divides by the number of all ranks. Other
-    collectives (allgather, broadcast, alltoall, ...) while a rank has joined
-    raise :class:`~ccl.torch.HorovodInternalError` on the ranks that called
-    them. Collectives the rank submitted before ``join`` finish first.
+    rank joined; an average still divides by the number of all ranks. So do
+    its ``DistributedOptimizer`` objects: their buckets get zeros from it in
+    the others' steps, while its own gradients and parameters stay as they
+    are (broadcast the parameters afterwards where every rank needs the
+    same weights); those steps count, so every rank is at the same step once
+    all joined. Other collectives (allgather, broadcast, alltoall, ...) while
+    a rank has joined raise :class:`~ccl.torch.HorovodInternalError` on the
+    ranks that called them. Collectives the rank submitted before ``join``
+    finish first.
 
     Parameters
     ----------
@@ -343,5 +349,10 @@ def join(device=-1):
         tensor_ops.allreduce_data(global_process_set, zeros_of(spec), spec["op"],
                                   spec["prescale"], spec["postscale"])
 
-    return synchronize(submit("join", None, global_process_set,
-                              lambda ps, name, error: join_work(ps._comm, zeros)))
+    handle = submit("join", None, global_process_set,
+                    lambda ps, name, error: join_work(ps._comm, zeros))
+    try:  # the optimizers' steps, in this thread, while the collectives' thread joins
+        serve_steps(current())
+    finally:
+        last = synchronize(handle)
+    return last

@@ -6,12 +6,13 @@ set included, gets its own MPI communicator, split once from ``ccl.torch``'s
 private communicator when the set is added (a collective of every rank, as
 in Horovod), and used afterwards by one thread only: the :class:`OpsEngine`
 thread that runs every tensor collective of ``ccl.torch`` in the order this
-rank submitted them. Ranks therefore submit the collectives of a set in the
-same order (Horovod negotiates the order by name; ccl checks, by name, that
-the orders match and raises on every rank of the set when they do not).
+rank submitted them. Where ranks submitted named collectives of a set in
+different orders, the thread matches them by name first, as Horovod's
+coordinator does (:mod:`ccl.torch.matching`).
 """
 
 import collections
+import queue
 import threading
 
 from mpi4py import MPI
@@ -24,6 +25,7 @@ from . import runtime as _runtime
 from . import timeline
 from .engine import Engine
 from .horovod_env import stall_check, warn_ignored
+from .matching import match
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
            "init", "ops_engine", "set_runtime"]
@@ -135,8 +137,54 @@ class OpsEngine(Engine):
         # the same calls (set ids are never reused within one runtime)
         self.auto_names = collections.Counter()
         self.timeline_comm = None
+        self._inline = collections.deque()  # without a thread: the backlog wait() runs
+        self._waiting = 0  # threads waiting for a collective (they submit nothing meanwhile)
+        self._waiting_lock = threading.Lock()
 
     checks_steps = False  # single collectives, no steps (see Engine.checks_steps)
+
+    def blocked(self):
+        """Whether a caller waits for a collective (name matching's "no more submissions")."""
+        return self._waiting > 0 or not self.threaded
+
+    def serve(self, jobs):
+        """The collectives' thread: run jobs in submission order, matching names where needed."""
+        backlog = collections.deque()
+
+        def pull():
+            while True:
+                try:
+                    backlog.append(jobs.get_nowait())
+                except queue.Empty:
+                    return
+
+        while True:
+            if not backlog:
+                backlog.append(jobs.get())
+            if not self._run_first(backlog, pull):
+                return
+
+    def _run_first(self, backlog, pull):
+        """Run the first job of ``backlog``; return False at the stop mark (None)."""
+        job = backlog.popleft()
+        if job is None:
+            return False
+        if job.run(self.communicator) is False:  # the ranks' next names differ
+            backlog.appendleft(job)
+            match(self.blocked, job.process_set, backlog, pull)
+        return True
+
+    def wait(self, job):
+        """Block until ``job`` is done (running the backlog here without a thread)."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            while not self.threaded and self._inline and not job.done.is_set():
+                self._run_first(self._inline, lambda: None)
+            job.done.wait()
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
 
     def drain(self):
         """Wait until every collective submitted so far is done."""

@@ -32,6 +32,18 @@ __all__ = ["Reducer", "OWNER"]
 OWNER = "DistributedOptimizer"
 
 
+def _sparse_like(grad, dense):
+    """The reduced ``dense`` gradient in ``grad``'s sparse layout (slices with any nonzero).
+
+    Horovod allgathers sparse gradients, so its result holds every rank's
+    entries and its dense value is the average; this one has the same dense
+    value, exactly. Slices whose average is exactly zero are left out, where
+    Horovod keeps explicit zeros (an optimizer that treats a present zero row
+    differently from an absent one, as ``SparseAdam`` does, can differ there).
+    """
+    return dense.to(grad.dtype).to_sparse(grad.sparse_dim())
+
+
 class Reducer(BucketHooks):
     """Hooks, buckets and per-step bookkeeping of one DistributedOptimizer."""
 
@@ -56,6 +68,7 @@ class Reducer(BucketHooks):
         self.synced_since_step = False
         self._handles = []
         self._add_buckets(plan.buckets)
+        self.engine.joined_step = weakref.WeakMethod(self.joined_step)
         weakref.finalize(self, release, self._handles, self.engine)
 
     def _add_buckets(self, buckets):
@@ -118,10 +131,9 @@ class Reducer(BucketHooks):
             if p.grad is None:
                 view.zero_()
             else:
-                if p.grad.is_sparse:
-                    raise TypeError(f"parameter {self.plan.names[i]!r} got a sparse "
-                                    "gradient; DistributedOptimizer reduces dense gradients")
-                view.copy_(p.grad)
+                # a sparse gradient (nn.Embedding(sparse=True)) is averaged densely in
+                # its bucket and handed back sparse (see _write_back)
+                view.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
                 if self.prescale != 1.0:
                     view.mul_(self.prescale)
         return bucket
@@ -178,6 +190,39 @@ class Reducer(BucketHooks):
         if error is not None:
             raise error
 
+    def joined_step(self, check):
+        """Take part in the other ranks' step with zeros: this rank is in ``join()`` (collective).
+
+        As Horovod's joined ranks: every bucket the others reduce gets zeros
+        from this rank (an average still divides by every rank), and this
+        rank's gradients and parameters are left as they are. The step counts
+        as one, so every rank is at the same step once all joined.
+
+        Parameters
+        ----------
+        check : ccl.torch.engine.JoinCheck
+            The step's check, done: the others started a step.
+        """
+        with self.lock:
+            self.reset()
+            self.check = check  # the step's check: the buckets' jobs run after it
+            has = np.zeros(len(self.params), dtype=np.uint8)  # no gradient here
+            self.comm.Allreduce(MPI.IN_PLACE, has, op=MPI.MAX)
+            launched = []
+            for bucket in self.buckets:
+                if any(has[i] for i in bucket.members):
+                    bucket.flat.zero_()
+                    self.launch(bucket)
+                    launched.append(bucket)
+            for bucket in launched:
+                self.engine.wait(bucket.job)
+            error = next((b.job.error for b in launched if b.job.error is not None), None)
+            if error is None:
+                self.engine.steps += 1
+            self.reset()
+        if error is not None:
+            raise error
+
     def _gradients_anywhere(self):
         """Per parameter: whether some rank has a gradient for it (collective, tiny).
 
@@ -201,6 +246,9 @@ class Reducer(BucketHooks):
                         continue
                     p, start = self.params[i], self.offset_of[i]
                     values = result[start:start + p.numel()].view(p.shape)
+                    if p.grad is not None and p.grad.is_sparse:
+                        p.grad = _sparse_like(p.grad, values * self.postscale)
+                        continue
                     if p.grad is None:
                         p.grad = torch.empty_like(p)
                     p.grad.copy_(values)

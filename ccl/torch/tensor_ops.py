@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..agreement import agree
 from ..collectives.auto import fitting
 from . import timeline
 from .adasum import adasum_allreduce
@@ -86,14 +85,14 @@ def _agree(process_set, what, fields, error, describe=None):
     """Agree on the call with the set's ranks; return the ranks that called ``join()``.
 
     The global set negotiates with joined ranks too (:mod:`ccl.torch.joins`);
-    ``describe`` tells them what an allreduce needs from them.
+    ``describe`` tells them what an allreduce needs from them. Ranks whose
+    calls have different names raise :class:`~ccl.torch.joins.NamesDiffer`
+    alike, and the collectives' thread matches the names
+    (:mod:`ccl.torch.matching`).
     """
     try:
         with timeline.phase("NEGOTIATE", what):
-            if process_set.process_set_id == 0:
-                return negotiate(process_set._comm, what, fields, error, describe)
-            agree(process_set._comm, what, fields, error)
-            return []
+            return negotiate(process_set._comm, what, fields, error, describe)
     except (MismatchError, JoinedError) as exc:
         raise HorovodInternalError(f"{what}: {exc}") from exc
 
@@ -125,11 +124,15 @@ def _postscaled(buf, op, size, postscale):
 
     An integer average is the exact sum floor-divided by ``size`` (rounded
     toward minus infinity), the reference Horovod's own test suite takes
-    (``torch.floor_divide``); a float average multiplies by ``postscale / size``.
+    (``torch.floor_divide``); a float average is the sum divided by ``size``
+    (correctly rounded: the suite compares with ``sum / size``), then
+    multiplied by ``postscale``.
     """
     if op == Average and not buf.dtype.is_floating_point:
         return _scale(buf.copy_(torch.floor_divide(buf, size)), postscale)
-    return _scale(buf, postscale / size if op == Average else postscale)
+    if op == Average and size != 1:
+        buf.div_(size)
+    return _scale(buf, postscale)
 
 
 def _prescaled(tensor, factor):
