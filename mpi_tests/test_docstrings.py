@@ -20,9 +20,6 @@ from mpi4py import MPI
 import ccl
 import ccl.codecs
 
-serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
-                            reason="serial test: runs once, in the serial pass")
-
 # numpydoc.validate codes enforced (the rest, e.g. "See Also" or extended summaries, are
 # style choices left to review):
 ALWAYS = {
@@ -101,7 +98,7 @@ def public_objects():
     return sorted(objects.items())
 
 
-@serial
+@pytest.mark.serial
 def test_numpydoc():
     validate = pytest.importorskip("numpydoc.validate", reason="needs numpydoc (the docs "
                                    "extra: pip install '.[docs]')").validate
@@ -113,7 +110,7 @@ def test_numpydoc():
     assert not problems, "docstrings break the numpydoc rules:\n" + "\n".join(problems)
 
 
-@serial
+@pytest.mark.serial
 def test_rules_can_fail():
     """The validation catches a docstring without parameters, returns or example."""
     validate = pytest.importorskip("numpydoc.validate").validate
