@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 import ccl
 import ccl.codecs
+import ccl.testing
 
 # numpydoc.validate codes enforced (the rest, e.g. "See Also" or extended summaries, are
 # style choices left to review):
@@ -48,6 +49,7 @@ DOCTEST_MODULES = [
     "ccl.codecs.casts", "ccl.codecs.threelc", "ccl.codecs.thc",
     "ccl.codecs.sparse", "ccl.codecs.sidco", "ccl.codecs.randomk", "ccl.codecs.onebit", "ccl.codecs.dithering",
     "ccl.codecs.sparseloco", "ccl.collectives.auto", "ccl.trace", "ccl.run",
+    "ccl.testing",
 ] + TORCH_MODULES
 
 
@@ -74,6 +76,7 @@ def public_objects():
     """``(qualified name, rules)`` of every object whose docstring the rules cover."""
     objects = {}
     namespaces = [(ccl, ccl.__all__), (ccl.codecs, ccl.codecs.__all__)]
+    namespaces.append((ccl.testing, ccl.testing.__all__))
     try:
         import ccl.torch as ct
         namespaces.append((ct, ct.__all__))
