@@ -66,7 +66,7 @@ def rank_input(rank: int, n: int, seed: int = 0, dtype: Any = np.float32,
 
 def exact_sum(size: int, n: int, seed: int = 0, dtype: Any = np.float32,
               step: int = 0) -> np.ndarray:
-    """The float64 sum over ranks ``0 .. size - 1`` of their :func:`rank_input`.
+    """The float64 sum of :func:`rank_input` over ranks 0 to ``size - 1``.
 
     Parameters
     ----------
