@@ -13,10 +13,8 @@ import time
 
 import pytest
 
-from mpi_tests.helpers.launch import is_mpich_hydra, mpiexec
+from mpi_tests.helpers.launch import HARNESS, is_mpich_hydra, job_env, mpiexec
 
-HERE = os.path.dirname(__file__)
-ROOT = os.path.dirname(HERE)
 KEY = "layer7.weight"
 
 
@@ -26,11 +24,8 @@ needs_hydra = pytest.mark.skipif(not is_mpich_hydra(),
 
 def _launch(ranks, script, args, launcher_args=(), timeout=180, env=None):
     command = [mpiexec(), *launcher_args, "-n", str(ranks), sys.executable, "-m", "mpi4py",
-               os.path.join(HERE, "harness", script), *map(str, args)]
-    environment = dict(os.environ, HYDRA_LAUNCHER="fork", MPIEXEC_TIMEOUT=str(timeout - 30),
-                       PYTHONPATH=os.pathsep.join(filter(None, [ROOT,
-                                                                os.environ.get("PYTHONPATH")])))
-    environment.update(env or {})
+               os.path.join(HARNESS, script), *map(str, args)]
+    environment = job_env(timeout - 30, **(env or {}))
     start = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                             env=environment)
