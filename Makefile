@@ -128,13 +128,15 @@ test-mpi:
 	  mpi_tests/test_model.py
 
 # The GPU code paths without a GPU: numba.cuda kernels under the CUDA simulator (set by
-# tests_gpu/conftest.py), device payloads through host staging, serial then at 3 ranks.
+# mpi_tests/gpu/conftest.py), device payloads through host staging, serial then at 3 ranks.
+# test-serial and test-mpi leave mpi_tests/gpu/ out: mpi_tests/conftest.py collects it only
+# when the command line names it, as here.
 # On a GPU machine: CCL_TEST_GPU=1 makes missing cupy/GPU a failure instead of a skip.
 test-gpu-sim:
-	timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) $(PYTEST) --with-mpi tests_gpu
-	timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n 3 $(PY) $(PYTEST) --only-mpi tests_gpu
+	timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) $(PYTEST) --with-mpi mpi_tests/gpu
+	timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n 3 $(PY) $(PYTEST) --only-mpi mpi_tests/gpu
 
-# tests_gpu/test_gpu_check.py dry-runs gpu-check under the simulator in test-gpu-sim.
+# mpi_tests/gpu/test_gpu_check.py dry-runs gpu-check under the simulator in test-gpu-sim.
 gpu-wheels: install-test
 	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_WHEELS_PYTHON) \

@@ -20,7 +20,7 @@ from ccl import threads
 from ccl.codecs import get_codec
 from ccl.collectives import auto, link
 from ccl.launch import node_comm
-from conftest import assert_same_on_all_ranks, rank_input
+from ccl.testing import assert_same_on_all_ranks, rank_input
 
 CODECS = ["fp16", "3lc", "onebit", {"id": "thc", "bits": 4}, "sidco"]
 

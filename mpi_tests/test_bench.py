@@ -11,16 +11,12 @@ import math
 import numba
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 import ccl
 from ccl.bench import accuracy, gradients, selection, steady
 from ccl.bench import codecs as bench_codecs
 from ccl.codecs import get_codec, registered_codecs
-from conftest import assert_same_on_all_ranks, rank_input
-
-serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
-                            reason="serial test: runs once, in the serial pass")
+from ccl.testing import assert_same_on_all_ranks, rank_input
 
 SELECTION_KEYS = {"kind", "method", "config", "density", "k", "achieved_density", "time_s",
                   "cpu_s", "speedup", "cpu_speedup", "n", "reps", "data"}
@@ -39,7 +35,7 @@ def _needs_torch():
     pytest.importorskip("sklearn")
 
 
-@serial
+@pytest.mark.serial
 def test_selection_rows_on_laplace_data(tmp_path):
     threads = numba.get_num_threads()
     n = 20000
@@ -78,7 +74,7 @@ def test_gradient_data_is_one_step_tiled_or_cut():
     np.testing.assert_array_equal(x, [1, 1, 1, 10])
 
 
-@serial
+@pytest.mark.serial
 def test_selection_on_gradients_reports_steady_state_density(tmp_path):
     _needs_torch()
     n = 100000
@@ -100,7 +96,7 @@ def test_selection_on_gradients_reports_steady_state_density(tmp_path):
     assert 0.01 <= topk["kept_fraction"] < 0.02
 
 
-@serial
+@pytest.mark.serial
 def test_steady_rows_on_real_gradients(tmp_path):
     _needs_torch()
     rows = _rows(steady.main, ["--models", "cnn", "--steps", "6", "--zero-steps", "30",
@@ -116,7 +112,7 @@ def test_steady_rows_on_real_gradients(tmp_path):
     assert topk["err_grad"] > 0.1 and topk["err_zero"] < 1e-3
 
 
-@serial
+@pytest.mark.serial
 def test_codecs_rows(tmp_path):
     n = 4096
     rows = _rows(bench_codecs.main, ["--threads", "1", "--elements", str(n), "--reps", "1",
@@ -135,7 +131,7 @@ def test_codecs_rows(tmp_path):
     assert 0.01 * 32 < bits["topk"] < 0.01 * 64 + 1  # 41 pairs of value + index bits
 
 
-@serial
+@pytest.mark.serial
 def test_gradients_rows(tmp_path):
     _needs_torch()
     rows = _rows(gradients.main, ["--steps", "6", "--codecs", "3lc"], tmp_path)
@@ -147,7 +143,7 @@ def test_gradients_rows(tmp_path):
     assert 0 <= r["running_error"] < math.inf
 
 
-@serial
+@pytest.mark.serial
 def test_torch_digits_seeds_and_ddp_reference(tmp_path):
     _needs_torch()
     from ccl.bench import torch_digits
@@ -173,7 +169,7 @@ def test_torch_digits_seeds_and_ddp_reference(tmp_path):
     assert rows["ccl/onebit"]["bytes_sent"] == rows["ccl/none"]["bytes_sent"] == 0
 
 
-@serial
+@pytest.mark.serial
 def test_lm_runs_every_method_on_stdlib_text(tmp_path):
     _needs_torch()
     from ccl.bench import lm
@@ -201,7 +197,7 @@ def test_lm_runs_every_method_on_stdlib_text(tmp_path):
     assert rows["adamw"]["bytes_per_step"] == 0 and png.stat().st_size > 0
 
 
-@serial
+@pytest.mark.serial
 def test_lm_diloco_rows(tmp_path):
     _needs_torch()
     from ccl.bench import lm
@@ -286,7 +282,7 @@ def test_decode_reencode_results_agree_on_every_rank(comm):
     assert np.isfinite(y).all()
 
 
-@serial
+@pytest.mark.serial
 def test_report_targets_and_network_merge_from_recorded_rows(tmp_path):
     """The report's targets summary and its --only-network merge, on made-up rows (no runs)."""
     import argparse

@@ -16,16 +16,13 @@ from ccl.bench import allreduce as bench
 from ccl.bench import cli
 from ccl.bench.cluster import EmulatedCluster
 from ccl.codecs import get_codec
-from conftest import ROOT, launch
-
-serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
-                            reason="serial test: runs once, in the serial pass")
+from mpi_tests.helpers.launch import ROOT, launch
 
 SUBCOMMANDS = ("codecs", "accuracy", "diagnose", "gradients", "selection", "steady", "train", "lm",
                "cluster", "gpu")
 
 
-@serial
+@pytest.mark.serial
 def test_help_lists_every_subcommand():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
@@ -42,7 +39,7 @@ def test_help_lists_every_subcommand():
     assert under_mpiexec.stdout.count("show this help") == 1
 
 
-@serial
+@pytest.mark.serial
 def test_the_report_writer_is_a_script_of_the_repository_not_of_the_package():
     """It only regenerates this repository's docs/benchmarks.md: tools/report, outside ccl."""
     import importlib.util
@@ -62,7 +59,7 @@ def test_the_report_writer_is_a_script_of_the_repository_not_of_the_package():
     assert "Traceback" not in old.stderr
 
 
-@serial
+@pytest.mark.serial
 @pytest.mark.parametrize("argv, says", [
     (["--codecs", "3lx"], "unknown codec '3lx'"),
     (["--codecs", '{"id": "thc", "bit": 4}'], "no parameter 'bit'"),

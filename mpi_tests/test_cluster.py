@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-from mpi4py import MPI
 
 from ccl.bench.cluster import (ClusterUnavailable, EmulatedCluster, netns_list, netns_pids,
                                parse_rate, rate_bits_per_s, unavailable_reason)
@@ -30,8 +29,7 @@ IP = shutil.which("ip") or "ip"
 
 # `--with-mpi --only-mpi` still runs unmarked tests (pytest-mpi lets --with-mpi win); these
 # start their own jobs, which a rank of an outer job must not do N times at once.
-pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
-                                reason="serial test: runs once, in the serial pass")
+pytestmark = pytest.mark.serial
 
 
 @pytest.fixture(scope="module")

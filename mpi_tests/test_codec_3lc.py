@@ -17,8 +17,8 @@ from ccl.codecs import HEADER_SIZE, Header, get_codec
 from ccl.codecs.threelc import _kernels as K
 from ccl.codecs.threelc import (ThreeLCCodec, quartic_decode, quartic_encode, zre_decode,
                                 zre_encode)
-from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
-    check_roundtrip
+from mpi_tests.helpers.codec_checks import (
+    ODD_SIZES, check_config, check_malformed, check_random_bytes, check_roundtrip)
 
 F32_MAX = float(np.finfo(np.float32).max)
 OPERATING_POINTS = (1.0, 1.5, 1.75, 1.9)

@@ -9,10 +9,10 @@ from hypothesis import given, settings, strategies as st
 from ccl.codecs import FLAG_OVERFLOW, HEADER_SIZE, CodecContext, DitheringCodec, Header, get_codec
 from ccl.codecs.dithering._kernels import dither_natural
 from ccl.errors import PayloadError
-from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
-    check_roundtrip
-from lossy_checks import check_parallel_matches_serial, check_unaligned_decode, \
-    run_error_feedback
+from mpi_tests.helpers.codec_checks import (
+    ODD_SIZES, check_config, check_malformed, check_random_bytes, check_roundtrip)
+from mpi_tests.helpers.lossy_checks import (
+    check_parallel_matches_serial, check_unaligned_decode, run_error_feedback)
 
 CONFIGS = [{}, {"levels": 7, "partition": "natural"}, {"levels": 300}, {"levels": 1},
            {"levels": 5, "norm": "l2", "seed": 4}, {"levels": 2000, "partition": "natural"}]

@@ -8,10 +8,10 @@ from hypothesis import given, settings, strategies as st
 
 from ccl.codecs import FLAG_OVERFLOW, HEADER_SIZE, Header, OneBitCodec, get_codec
 from ccl.errors import PayloadError
-from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
-    check_roundtrip
-from lossy_checks import check_parallel_matches_serial, check_unaligned_decode, \
-    run_error_feedback
+from mpi_tests.helpers.codec_checks import (
+    ODD_SIZES, check_config, check_malformed, check_random_bytes, check_roundtrip)
+from mpi_tests.helpers.lossy_checks import (
+    check_parallel_matches_serial, check_unaligned_decode, run_error_feedback)
 
 
 def signed_data(n, seed):

@@ -10,10 +10,10 @@ from hypothesis import given, settings, strategies as st
 from ccl.codecs import FLAG_OVERFLOW, HEADER_SIZE, CodecContext, Header, RandomKCodec, get_codec
 from ccl.codecs.randomk import randomk_indices
 from ccl.errors import PayloadError
-from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
-    check_roundtrip
-from lossy_checks import check_parallel_matches_serial, check_unaligned_decode, \
-    run_error_feedback
+from mpi_tests.helpers.codec_checks import (
+    ODD_SIZES, check_config, check_malformed, check_random_bytes, check_roundtrip)
+from mpi_tests.helpers.lossy_checks import (
+    check_parallel_matches_serial, check_unaligned_decode, run_error_feedback)
 
 CONFIGS = [{}, {"density": 0.25, "seed": 3}, {"k": 5}, {"density": 0.9, "scale": True},
            {"density": 1.0, "scale": False}]

@@ -13,8 +13,8 @@ from hypothesis import given, settings, strategies as st
 import ccl
 from ccl.codecs import HEADER_SIZE, CodecContext, Header, get_codec
 from ccl.codecs.sparse import _common as sparse, sidco
-from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
-    check_roundtrip
+from mpi_tests.helpers.codec_checks import (
+    ODD_SIZES, check_config, check_malformed, check_random_bytes, check_roundtrip)
 
 SPARSE = ["sidco", "topk", "dgc"]
 CONFIGS = [

@@ -10,10 +10,11 @@ from mpi4py import MPI
 import ccl
 from ccl.codecs import HEADER_SIZE, CodecContext, get_codec
 from ccl.codecs.sparse import _common as sparse, sparseloco
-from codec_checks import ODD_SIZES, check_config, check_header_edits, check_malformed, \
-    check_random_bytes, check_roundtrip
-from conftest import assert_same_on_all_ranks, rank_input
-from lossy_checks import run_error_feedback
+from mpi_tests.helpers.codec_checks import (
+    ODD_SIZES, check_config, check_header_edits, check_malformed, check_random_bytes,
+    check_roundtrip)
+from ccl.testing import assert_same_on_all_ranks, rank_input
+from mpi_tests.helpers.lossy_checks import run_error_feedback
 
 CONFIGS = [{"id": "sparseloco"}, {"id": "sparseloco", "density": 0.01},
            {"id": "sparseloco", "k": 5}, {"id": "sparseloco", "density": 0.5},

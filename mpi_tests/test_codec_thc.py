@@ -14,8 +14,8 @@ from ccl.codecs.thc import _kernels as kernels
 from ccl.codecs.thc._tables import GRID_POINTS, clamp_t, kernel_tables, receiver_table, \
     rounding_variance, sender_tables
 from ccl.codecs.thc.codec import BODY_HEADER_SIZE, KIND_LANES, THCCodec, lane_bytes
-from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
-    check_roundtrip
+from mpi_tests.helpers.codec_checks import (
+    ODD_SIZES, check_config, check_malformed, check_random_bytes, check_roundtrip)
 
 # Reference 4-bit tables of the authors' BytePS fork (docs/codecs/thc.md): (g, p) -> R
 REFERENCE_TABLES = {

@@ -6,8 +6,8 @@ from hypothesis import given, settings, strategies as st
 
 import ccl
 from ccl.codecs import FLAG_NONFINITE, Header, get_codec, registered_codecs
-from codec_checks import ODD_SIZES, check_config, check_malformed, check_random_bytes, \
-    check_roundtrip
+from mpi_tests.helpers.codec_checks import (
+    ODD_SIZES, check_config, check_malformed, check_random_bytes, check_roundtrip)
 
 CASTS = ["none", "fp16", "bf16"]
 

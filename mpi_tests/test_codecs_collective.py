@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 import ccl
 from ccl.codecs import get_codec, registered_codecs
-from conftest import assert_same_on_all_ranks, exact_sum, rank_input
+from ccl.testing import assert_same_on_all_ranks, exact_sum, rank_input
 
 pytestmark = pytest.mark.mpi
 
@@ -81,9 +81,8 @@ def test_allgather_blocks(comm, codec):
 
 
 @pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.mpi(min_size=2)
 def test_codec_mismatch_raises_on_every_rank(comm, codec):
-    if comm.size == 1:
-        pytest.skip("needs two ranks to disagree")
     spec = codec if comm.rank else "fp16"
     with pytest.raises(ccl.MismatchError, match="codec"):
         ccl.compressed_allreduce(np.ones(100, np.float32), spec, comm=comm, algorithm="ring")

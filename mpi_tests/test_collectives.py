@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 import ccl
 from ccl.codecs import get_codec
-from conftest import assert_same_on_all_ranks, exact_sum, rank_input
+from ccl.testing import assert_same_on_all_ranks, exact_sum, rank_input
 
 pytestmark = pytest.mark.mpi
 
@@ -180,10 +180,9 @@ def test_state_dict_round_trip_continues_exactly(comm):
         ccl.Communicator(comm, codec="fp16").load_state_dict(saved)
 
 
+@pytest.mark.mpi(min_size=2)
 def test_mismatched_shapes_raise_on_every_rank(comm):
     n = 10 + (1 if comm.rank == 0 and comm.size > 1 else 0)
-    if comm.size == 1:
-        pytest.skip("needs two ranks to disagree")
     for algorithm in ALGORITHMS:
         with pytest.raises(ccl.MismatchError, match="shape") as info:
             ccl.compressed_allreduce(np.ones(n, np.float32), "fp16", comm=comm,
@@ -194,9 +193,8 @@ def test_mismatched_shapes_raise_on_every_rank(comm):
     assert (y == comm.size).all()
 
 
+@pytest.mark.mpi(min_size=2)
 def test_mismatched_dtype_codec_op_algorithm_raise_on_every_rank(comm):
-    if comm.size == 1:
-        pytest.skip("needs two ranks to disagree")
     odd = comm.rank == comm.size - 1
     cases = [
         (dict(x=np.ones(8, np.float64 if odd else np.float32)), "dtype"),
@@ -291,9 +289,8 @@ def test_fp16_overflow_raises_on_every_rank_and_mean_predivides(comm, algorithm)
     np.testing.assert_allclose(y, 40000.0, rtol=1e-3)
 
 
+@pytest.mark.mpi(min_size=2)
 def test_library_traffic_never_matches_user_messages(comm):
-    if comm.size == 1:
-        pytest.skip("needs a peer")
     mine = np.full(16, comm.rank, np.float64)
     right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
     request = comm.Isend(mine, dest=right, tag=0)  # pending user message, any tag

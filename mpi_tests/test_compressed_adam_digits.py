@@ -92,7 +92,7 @@ def test_defaults_train_like_exact_adamw(hvd, comm):
     assert not failures, "; ".join(failures)
 
 
-@pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="serial test: runs once, in the serial pass")
+@pytest.mark.serial
 def test_benchmark_runs(tmp_path, capsys):
     import json
 

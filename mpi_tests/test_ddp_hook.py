@@ -17,7 +17,7 @@ dist = pytest.importorskip("torch.distributed")
 
 import ccl  # noqa: E402
 import ccl.torch as ct  # noqa: E402
-from conftest import assert_same_on_all_ranks  # noqa: E402
+from ccl.testing import assert_same_on_all_ranks  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -252,9 +252,8 @@ def test_one_hook_state_on_two_models_is_refused(comm, hvd):
         torch.nn.functional.cross_entropy(second(x), y).backward()
 
 
+@pytest.mark.mpi(min_size=2)
 def test_a_rank_that_stops_early_makes_every_rank_raise(comm, hvd):
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
     model, _ = ddp(make_model(), "fp16", **COMPRESS)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     train(model, opt, comm.rank, 2)

@@ -17,7 +17,7 @@ import ccl.torch as ct  # noqa: E402
 from ccl.codecs import get_codec  # noqa: E402
 from ccl.collectives.auto import fitting  # noqa: E402
 from ccl.torch.diloco import split_fragments  # noqa: E402
-from conftest import assert_same_on_all_ranks  # noqa: E402
+from ccl.testing import assert_same_on_all_ranks  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -344,9 +344,8 @@ def test_ddp_wrapped_model_is_refused_on_every_rank(hvd, process_group):
         ct.DiLoCo(wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.1), sync_every=4)
 
 
+@pytest.mark.mpi(min_size=2)
 def test_bad_argument_on_one_rank_raises_everywhere(hvd):
-    if hvd.size() == 1:
-        pytest.skip("needs another rank")
     model = make_model()
     inner = torch.optim.SGD(model.parameters(), lr=0.1)
     if hvd.rank() == 0:

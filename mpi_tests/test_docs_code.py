@@ -14,16 +14,13 @@ import subprocess
 import sys
 
 import pytest
-from mpi4py import MPI
 
-from conftest import ROOT, launch
+from mpi_tests.helpers.launch import ROOT, launch
 
 DOCS = os.path.join(ROOT, "docs")
 # a fence's info string: ```python, ```py, ```pycon, ```{code-block} python, ```{code} py
 FENCE = re.compile(r"^(`{3,}|~{3,})\s*(\{[\w-]+\}\s*)?([\w-]*)", re.M)
 PYTHON = {"python", "py", "python3", "pycon", "ipython"}
-
-serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="serial test: launches its own job")
 
 
 def pages():
@@ -74,7 +71,7 @@ def test_fence_parsing_finds_plain_python():
     assert blocks(text) == [("", "python", 1), ("doctest", "", 4), ("code-block", "py", 8)]
 
 
-@serial
+@pytest.mark.serial
 def test_readme_code_runs_on_four_ranks(tmp_path):
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         readme = f.read()
@@ -97,7 +94,7 @@ def test_codec_guide_quotes_the_benchmarks():
     assert sorted(set(re.findall(r"\b\d+\.\d+x\b", guide)) - measured) == []
 
 
-@serial
+@pytest.mark.serial
 def test_torch_digits_help_says_what_auto_does():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [ROOT, os.environ.get("PYTHONPATH")])))

@@ -19,9 +19,7 @@ from mpi4py import MPI
 
 import ccl
 import ccl.codecs
-
-serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
-                            reason="serial test: runs once, in the serial pass")
+import ccl.testing
 
 # numpydoc.validate codes enforced (the rest, e.g. "See Also" or extended summaries, are
 # style choices left to review):
@@ -53,6 +51,7 @@ DOCTEST_MODULES = [
     "ccl.codecs.sparse.topk", "ccl.codecs.sparse.sidco", "ccl.codecs.randomk.codec",
     "ccl.codecs.onebit.codec", "ccl.codecs.dithering.codec", "ccl.codecs.sparse.sparseloco",
     "ccl.collectives.auto", "ccl.trace", "ccl.run",
+    "ccl.testing",
 ] + TORCH_MODULES
 
 
@@ -79,6 +78,7 @@ def public_objects():
     """``(qualified name, rules)`` of every object whose docstring the rules cover."""
     objects = {}
     namespaces = [(ccl, ccl.__all__), (ccl.codecs, ccl.codecs.__all__)]
+    namespaces.append((ccl.testing, ccl.testing.__all__))
     try:
         import ccl.torch as ct
         namespaces.append((ct, ct.__all__))
@@ -103,7 +103,7 @@ def public_objects():
     return sorted(objects.items())
 
 
-@serial
+@pytest.mark.serial
 def test_numpydoc():
     validate = pytest.importorskip("numpydoc.validate", reason="needs numpydoc (the docs "
                                    "extra: pip install '.[docs]')").validate
@@ -115,7 +115,7 @@ def test_numpydoc():
     assert not problems, "docstrings break the numpydoc rules:\n" + "\n".join(problems)
 
 
-@serial
+@pytest.mark.serial
 def test_rules_can_fail():
     """The validation catches a docstring without parameters, returns or example."""
     validate = pytest.importorskip("numpydoc.validate").validate

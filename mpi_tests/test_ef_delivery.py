@@ -38,7 +38,7 @@ from mpi4py import MPI
 
 import ccl
 from ccl.codecs import CodecContext, get_codec, registered_codecs
-from conftest import assert_same_on_all_ranks
+from ccl.testing import assert_same_on_all_ranks
 
 pytestmark = pytest.mark.mpi
 

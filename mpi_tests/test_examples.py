@@ -13,15 +13,11 @@ import subprocess
 import sys
 
 import pytest
-from mpi4py import MPI
 
-from conftest import ROOT, launch
+from mpi_tests.helpers.launch import ROOT, launch
 
 RANKS = 4
 JOB_TIMEOUT = 240
-
-serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
-                            reason="serial test: launches its own 4-rank job")
 
 
 def run_example(name, timeout=JOB_TIMEOUT):
@@ -32,7 +28,7 @@ def run_example(name, timeout=JOB_TIMEOUT):
     return result.stdout
 
 
-@serial
+@pytest.mark.serial
 def test_quickstart_allreduce_on_four_ranks():
     out = run_example("quickstart.py")
     match = re.search(r"fp16 ring allreduce on (\d+) ranks: max error vs MPI_Allreduce (\S+)",
@@ -42,7 +38,7 @@ def test_quickstart_allreduce_on_four_ranks():
     assert 0 < float(match.group(2)) < 1e-2  # lossy but close: fp16 rounding only
 
 
-@serial
+@pytest.mark.serial
 def test_error_feedback_and_checkpoint():
     out = run_example("error_feedback.py")
     match = re.search(r"onebit, (\d+) ranks, 30 steps: delivered \+ held residuals = inputs "
@@ -54,7 +50,7 @@ def test_error_feedback_and_checkpoint():
     assert float(match.group(2)) > 0.01
 
 
-@serial
+@pytest.mark.serial
 def test_torch_two_lines():
     pytest.importorskip("torch")
     out = run_example("torch_two_lines.py")
@@ -63,7 +59,7 @@ def test_torch_two_lines():
     assert losses[-1] < 0.3  # a linearly separable toy problem: training converges
 
 
-@serial
+@pytest.mark.serial
 def test_compressed_adam_example():
     pytest.importorskip("torch")
     out = run_example("compressed_adam.py")
@@ -76,7 +72,7 @@ def test_compressed_adam_example():
     assert int(match.group(1)) == RANKS and int(match.group(2)) > 0
 
 
-@serial
+@pytest.mark.serial
 def test_ddp_hook_example():
     """The PyTorch guide's DDP section: the hook, a DistributedSampler, MASTER_* found."""
     pytest.importorskip("torch")
@@ -87,7 +83,7 @@ def test_ddp_hook_example():
     assert f"DDP with the thc hook on {RANKS} ranks: replicas identical" in out
 
 
-@serial
+@pytest.mark.serial
 def test_fsdp_example():
     """The PyTorch guide's FSDP section: thc gradients, bf16 weights, replicas identical."""
     pytest.importorskip("torch")
@@ -104,7 +100,7 @@ def test_fsdp_example():
     assert 0 < int(match.group(2)) < int(match.group(3))
 
 
-@serial
+@pytest.mark.serial
 def test_gpu_allreduce_example():
     cupy = pytest.importorskip("cupy")
     try:
@@ -116,7 +112,7 @@ def test_gpu_allreduce_example():
     assert f"onebit allreduce of CuPy arrays on {RANKS} ranks: {1 << 24} values" in out
 
 
-@serial
+@pytest.mark.serial
 def test_emulated_cluster_example():
     """benchmarks-howto's cluster-from-Python example: the quick start on 4 emulated hosts."""
     from ccl.bench.cluster import unavailable_reason
@@ -136,7 +132,7 @@ def test_emulated_cluster_example():
     assert sent > 0
 
 
-@serial
+@pytest.mark.serial
 def test_diloco_example():
     pytest.importorskip("torch")
     out = run_example("diloco.py")

@@ -20,7 +20,7 @@ fsdp = pytest.importorskip("torch.distributed.fsdp")
 
 import ccl  # noqa: E402
 import ccl.torch as ct  # noqa: E402
-from conftest import assert_same_on_all_ranks  # noqa: E402
+from ccl.testing import assert_same_on_all_ranks  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -316,9 +316,8 @@ def test_bad_arguments_raise_on_every_rank(comm, hvd):
         ct.fsdp_compress(make_model(), codec="thc", bucket_bytes=1)
 
 
+@pytest.mark.mpi(min_size=2)
 def test_ranks_disagreeing_on_the_codec_raise_on_every_rank(comm, hvd):
-    if comm.size == 1:
-        pytest.skip("needs two ranks")
     with pytest.raises(ccl.MismatchError):
         ct.fsdp_compress(make_model(), codec="thc" if comm.rank == 0 else "fp16")
     # the ranks are still in step: a valid call works

@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import ccl
 from ccl.codecs import get_codec
-from conftest import assert_same_on_all_ranks, rank_input
+from ccl.testing import assert_same_on_all_ranks, rank_input
 
 
 # ------------------------------------------------------------------------ threads

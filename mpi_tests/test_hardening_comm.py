@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 import ccl
 from ccl import launch, transport
-from conftest import assert_same_on_all_ranks, rank_input
+from ccl.testing import assert_same_on_all_ranks, rank_input
 
 # (variable, a bad value): every CCL_* variable ccl reads
 BAD_VALUES = [("CCL_NUM_THREADS", "abc"), ("CCL_SKIP_LAUNCH_CHECK", "maybe"),

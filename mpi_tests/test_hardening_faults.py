@@ -7,43 +7,25 @@ generous outer timeouts only keep a broken build from hanging the suite.
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
-HERE = os.path.dirname(__file__)
-ROOT = os.path.dirname(HERE)
+from mpi_tests.helpers.launch import HARNESS, is_mpich_hydra, job_env, mpiexec
+
 KEY = "layer7.weight"
 
 
-def _mpiexec():
-    candidate = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return candidate if os.path.exists(candidate) else shutil.which("mpiexec")
-
-
-def _is_mpich_hydra():
-    try:
-        text = subprocess.run([_mpiexec(), "--version"], capture_output=True, text=True,
-                              timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "HYDRA" in text
-
-
-needs_hydra = pytest.mark.skipif(_mpiexec() is None or not _is_mpich_hydra(),
+needs_hydra = pytest.mark.skipif(not is_mpich_hydra(),
                                  reason="needs MPICH's mpiexec (hydra) on PATH")
 
 
 def _launch(ranks, script, args, launcher_args=(), timeout=180, env=None):
-    command = [_mpiexec(), *launcher_args, "-n", str(ranks), sys.executable, "-m", "mpi4py",
-               os.path.join(HERE, "harness", script), *map(str, args)]
-    environment = dict(os.environ, HYDRA_LAUNCHER="fork", MPIEXEC_TIMEOUT=str(timeout - 30),
-                       PYTHONPATH=os.pathsep.join(filter(None, [ROOT,
-                                                                os.environ.get("PYTHONPATH")])))
-    environment.update(env or {})
+    command = [mpiexec(), *launcher_args, "-n", str(ranks), sys.executable, "-m", "mpi4py",
+               os.path.join(HARNESS, script), *map(str, args)]
+    environment = job_env(timeout - 30, **(env or {}))
     start = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                             env=environment)

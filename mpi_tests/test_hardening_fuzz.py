@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ccl.codecs import CodecContext, get_codec, registered_codecs
 from ccl.tools import fuzz
-from codec_checks import check_header_edits, check_malformed, check_random_bytes
+from mpi_tests.helpers.codec_checks import check_header_edits, check_malformed, check_random_bytes
 
 CODECS = {repr(codec): codec for codec in fuzz.codecs_to_fuzz()}
 

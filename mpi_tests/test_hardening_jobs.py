@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from conftest import launch
+from mpi_tests.helpers.launch import launch
 
 HERE = os.path.dirname(__file__)
 TIMEOUT = 3

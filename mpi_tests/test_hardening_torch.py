@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 import ccl  # noqa: E402
 import ccl.torch as ct  # noqa: E402
-from conftest import assert_same_on_all_ranks  # noqa: E402
+from ccl.testing import assert_same_on_all_ranks  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -125,9 +125,8 @@ def test_compressed_adam_skip_step_drops_the_step(comm, hvd):
     assert_same_on_all_ranks(comm, flat(model))
 
 
+@pytest.mark.mpi(min_size=2)
 def test_skip_step_on_some_ranks_only_raises_everywhere(comm, hvd):
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
     model = make_model()
     opt = adam(model)
     train(model, opt, comm.rank, 1)
@@ -212,9 +211,8 @@ def test_compressed_adam_does_not_move_frozen_parameters(comm, hvd, warmup_steps
 
 # ------------------------------------------------ items 10 and 18: ranks at other steps
 @pytest.mark.parametrize("kind", sorted(BUILD))
+@pytest.mark.mpi(min_size=2)
 def test_state_restored_on_some_ranks_only_raises(comm, hvd, kind):
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
     model = make_model()
     # uncompressed: no error-feedback key whose step would tell the ranks apart
     opt = BUILD[kind](model, codec=None if kind == "DistributedOptimizer" else "onebit",
@@ -231,9 +229,8 @@ def test_state_restored_on_some_ranks_only_raises(comm, hvd, kind):
 
 
 @pytest.mark.parametrize("kind", sorted(BUILD))
+@pytest.mark.mpi(min_size=2)
 def test_a_rank_that_stops_early_makes_every_rank_raise(comm, hvd, kind):
-    if comm.size < 2:
-        pytest.skip("needs two ranks")
     model = make_model()
     opt = BUILD[kind](model)
     last = comm.size - 1

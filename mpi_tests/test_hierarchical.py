@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 import ccl
 from ccl.codecs import get_codec, registered_codecs
-from conftest import assert_same_on_all_ranks, exact_sum, rank_input
+from ccl.testing import assert_same_on_all_ranks, exact_sum, rank_input
 
 CODECS = ["none", "fp16", "3lc", {"id": "thc", "bits": 4}, "topk"]
 

@@ -12,9 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import ccl.torch as ct  # noqa: E402
-from adasum_reference import adasum_tree  # noqa: E402
+from mpi_tests.helpers.adasum_reference import adasum_tree  # noqa: E402
 from ccl.torch.adasum import adasum_allreduce, adasum_pair  # noqa: E402
-from conftest import assert_same_on_all_ranks  # noqa: E402
+from ccl.testing import assert_same_on_all_ranks  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 

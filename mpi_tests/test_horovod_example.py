@@ -8,18 +8,14 @@ import os
 import re
 
 import pytest
-from mpi4py import MPI
 
-from conftest import ROOT, launch
+from mpi_tests.helpers.launch import ROOT, launch
 
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
 JOB_TIMEOUT = 400
 EPOCHS = 5
-
-serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
-                            reason="serial test: launches its own job")
 
 
 def accuracies(ranks, *args):
@@ -34,7 +30,7 @@ def accuracies(ranks, *args):
     return found
 
 
-@serial
+@pytest.mark.serial
 @pytest.mark.parametrize("ranks, args", [(2, []), (4, ["--fp16-allreduce"]),
                                          (3, ["--codec", "3lc"])])
 def test_horovod_script_trains(ranks, args):
@@ -43,14 +39,14 @@ def test_horovod_script_trains(ranks, args):
     assert found[-1] > found[0]
 
 
-@serial
+@pytest.mark.serial
 def test_fp16_allreduce_reaches_the_accuracy_of_exact_averaging():
     exact = accuracies(2)
     fp16 = accuracies(2, "--fp16-allreduce")
     assert abs(fp16[-1] - exact[-1]) <= 3.0, (exact, fp16)  # 3 points of 397 test images
 
 
-@serial
+@pytest.mark.serial
 @pytest.mark.parametrize("args", [[], ["--fp16-allreduce"]])
 def test_horovod_synthetic_benchmark_runs_unchanged(args):
     script = os.path.join(ROOT, "examples", "horovod_synthetic.py")

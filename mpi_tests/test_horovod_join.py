@@ -91,11 +91,10 @@ def test_join_twice_and_collectives_after(hvd):
     assert hvd.allreduce(x, op=hvd.Sum).tolist() == [float(sum(range(hvd.size())))] * 2
 
 
+@pytest.mark.mpi(min_size=2)
 def test_generated_names_resynchronise_after_a_failed_call(hvd):
     """Calls that failed as a pair do not shift the next calls' generated names."""
     size, rank = hvd.size(), hvd.rank()
-    if size == 1:
-        pytest.skip("one rank has no one to disagree with")
     # rank 0's first allreduce meets the others' first allgather: both fail everywhere,
     # and rank 0 has generated one allreduce name more than the others
     with pytest.raises(RuntimeError, match="collective"):
@@ -107,10 +106,9 @@ def test_generated_names_resynchronise_after_a_failed_call(hvd):
     assert got.tolist() == [float(size)] * 2
 
 
+@pytest.mark.mpi(min_size=2)
 def test_given_names_must_match(hvd):
-    size, rank = hvd.size(), hvd.rank()
-    if size == 1:
-        pytest.skip("one rank has no one to disagree with")
+    rank = hvd.rank()
     with pytest.raises(RuntimeError, match="name"):
         hvd.allreduce(torch.ones(2), name=f"grad.{rank}")
 

@@ -136,7 +136,7 @@ def test_compressed_training_is_close_and_compressed(hvd, comm, compression):
     if hvd.size() > 1:  # compressed on the wire (whatever the link speed): not exact
         assert opt.communication_stats()["bytes_sent"] > 0
         assert any(not torch.equal(got, want) for got, want in zip(weights(model), reference))
-    from conftest import assert_same_on_all_ranks
+    from ccl.testing import assert_same_on_all_ranks
 
     assert_same_on_all_ranks(comm, torch.cat([w.reshape(-1) for w in weights(model)]).numpy())
 

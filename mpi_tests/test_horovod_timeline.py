@@ -7,12 +7,11 @@ import sys
 import tempfile
 
 import pytest
-from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
 
 import ccl.torch as ct  # noqa: E402
-from conftest import ROOT  # noqa: E402
+from mpi_tests.helpers.launch import ROOT  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -120,7 +119,7 @@ def test_training_steps_trace_measured_phases_of_every_rank(comm, compression):
         ct.shutdown()
 
 
-@pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="serial test: runs its own process")
+@pytest.mark.serial
 @pytest.mark.parametrize("variable", ["CCL_TIMELINE", "HOROVOD_TIMELINE"])
 def test_timeline_variable_records_codec_phases(tmp_path, variable):
     """The variable alone records from init to shutdown, the codec's phases included."""
@@ -142,7 +141,7 @@ def test_timeline_variable_records_codec_phases(tmp_path, variable):
     assert {"x", "x.0", "NEGOTIATE", "ENCODE", "DECODE"} <= names, names
 
 
-@pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="serial test: runs its own process")
+@pytest.mark.serial
 def test_horovod_timeline_variable_writes_at_shutdown(tmp_path):
     path = tmp_path / "trace.json"
     script = ("import torch, ccl.torch as hvd; hvd.init(); "

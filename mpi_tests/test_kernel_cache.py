@@ -15,15 +15,12 @@ import sys
 import tempfile
 
 import pytest
-from mpi4py import MPI
 
 from ccl import _jit
-from conftest import ROOT, mpiexec
+from mpi_tests.helpers.launch import ROOT, mpiexec
 
 JOB_TIMEOUT = 600
 FIRST_CALLS = os.path.join(ROOT, "mpi_tests", "harness", "first_calls.py")
-
-serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="serial test: launches its own jobs")
 
 
 def clean_env(home, **extra):
@@ -56,7 +53,7 @@ def index_files(root):
             for name in names if name.endswith(".nbi")]
 
 
-@serial
+@pytest.mark.serial
 def test_second_process_loads_every_kernel_after_four_ranks_cold_start(tmp_path):
     """4 ranks compile and save at once into an empty cache; a new job then compiles nothing."""
     codecs = ["3lc", "thc", "onebit", "sidco"]
@@ -71,7 +68,7 @@ def test_second_process_loads_every_kernel_after_four_ranks_cold_start(tmp_path)
     assert sorted(index_files(tmp_path / "home")) == sorted(saved)  # no new index: no new code
 
 
-@serial
+@pytest.mark.serial
 def test_xdg_cache_home_is_respected(tmp_path):
     env = clean_env(tmp_path / "home", XDG_CACHE_HOME=tmp_path / "xdg")
     assert min(first_calls(env, 2, ["bf16"])["misses"]) > 0  # bf16 has kernels to compile
@@ -80,7 +77,7 @@ def test_xdg_cache_home_is_respected(tmp_path):
     assert first_calls(env, 2, ["bf16"])["misses"] == [0, 0]
 
 
-@serial
+@pytest.mark.serial
 def test_explicit_numba_cache_dir_wins(tmp_path):
     env = clean_env(tmp_path / "home", XDG_CACHE_HOME=tmp_path / "xdg",
                     NUMBA_CACHE_DIR=tmp_path / "explicit")
@@ -89,7 +86,7 @@ def test_explicit_numba_cache_dir_wins(tmp_path):
     assert not index_files(tmp_path / "xdg") and not index_files(tmp_path / "home")
 
 
-@serial
+@pytest.mark.serial
 def test_read_only_home_falls_back_to_the_temporary_directory(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
@@ -106,7 +103,7 @@ def test_read_only_home_falls_back_to_the_temporary_directory(tmp_path):
         home.chmod(stat.S_IRWXU)
 
 
-@serial
+@pytest.mark.serial
 def test_caching_can_be_turned_off(tmp_path):
     env = clean_env(tmp_path / "home", CCL_NUMBA_CACHE="0")
     assert min(first_calls(env, 2, ["bf16"])["misses"]) > 0

@@ -88,9 +88,8 @@ def test_message_names_the_fix_for_the_loaded_library(monkeypatch, library, lead
     assert str(info.value).split("Likely fix: ", 1)[1].startswith(f"with srun, {lead}")
 
 
+@pytest.mark.serial
 def test_the_first_collective_raises_on_the_trap(clean_env):
-    if MPI.COMM_WORLD.size != 1:
-        pytest.skip("needs a 1-rank world")
     clean_env.setattr(launch, "_PASSED", False)
     clean_env.setenv("SLURM_STEP_NUM_TASKS", "4")
     x = np.ones(5, np.float32)
@@ -103,9 +102,8 @@ def test_the_first_collective_raises_on_the_trap(clean_env):
     assert launch._PASSED
 
 
+@pytest.mark.serial
 def test_bench_cli_refuses_to_measure_singletons(clean_env, capsys):
-    if MPI.COMM_WORLD.size != 1:
-        pytest.skip("needs a 1-rank world")
     clean_env.setenv("PMI_SIZE", "4")
     assert bench_main(["allreduce", "--quick"]) == 2
     assert bench_main(["accuracy", "--steps", "1"]) == 2
@@ -187,10 +185,8 @@ def test_node_comm_bad_local_size_raises_on_every_rank(comm):
         launch.node_comm(comm, env)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpi(min_size=2)
 def test_node_comm_ranks_with_different_local_sizes_raise(comm):
-    if comm.size == 1:
-        pytest.skip("needs two ranks")
     env = {"CCL_LOCAL_SIZE": "1" if comm.rank == 0 else "2"}
     with pytest.raises(ccl.MismatchError, match="CCL_LOCAL_SIZE"):
         launch.node_comm(comm, env)

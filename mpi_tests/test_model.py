@@ -11,7 +11,7 @@ from mpi4py import MPI
 import ccl
 from ccl.codecs import get_codec
 from ccl.collectives import auto, model
-from conftest import exact_sum, rank_input
+from ccl.testing import exact_sum, rank_input
 
 CODECS = ["fp16", "3lc", "onebit", {"id": "thc", "bits": 4}, "sidco", "dithering", "topk"]
 

@@ -17,7 +17,7 @@ from ccl.bench import allreduce as bench
 from ccl.codecs import get_codec
 from ccl.collectives import Call, auto
 from ccl.collectives.base import SEGMENT_ID_STRIDE, chunk_bounds, segment_count
-from conftest import assert_same_on_all_ranks, exact_sum, rank_input
+from ccl.testing import assert_same_on_all_ranks, exact_sum, rank_input
 
 SEGMENT_BYTES = [0, 4, 12, 28, 4 * 1000]  # none: 1, 3 and 7 elements per segment, or off
 SIZES = [0, 1, 2, 5, 97, 1009]
@@ -247,10 +247,8 @@ def test_auto_decides_alike_on_every_rank_from_the_link_speed(comm, monkeypatch)
     assert picks[0] == ("mpi" if comm.size == 1 else "direct")
 
 
-@pytest.mark.mpi
+@pytest.mark.mpi(min_size=2)
 def test_link_speed_must_agree(comm):
-    if comm.size == 1:
-        pytest.skip("needs two ranks to disagree")
     c = ccl.Communicator(comm, codec="onebit", link_gbps=1.0 if comm.rank else 10.0)
     with pytest.raises(ccl.MismatchError):
         c.allreduce(np.ones(1 << 16, np.float32))

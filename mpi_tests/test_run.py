@@ -11,12 +11,9 @@ import subprocess
 import sys
 
 import pytest
-from mpi4py import MPI
 
 from ccl import run
-from conftest import ROOT
-
-serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="serial test: runs its own job")
+from mpi_tests.helpers.launch import ROOT
 
 
 def command(argv, flavour="hydra", environ=None, plugin=None):
@@ -114,7 +111,7 @@ hvd.shutdown()
 """
 
 
-@serial
+@pytest.mark.serial
 def test_a_real_launch_runs_every_rank_with_the_flags_variables(tmp_path):
     pytest.importorskip("torch")
     if run.mpiexec_path() is None:

@@ -12,7 +12,7 @@ import pytest
 import ccl
 from ccl import threads
 from ccl.codecs._shared_kernels import sized_kernel, PARALLEL_MIN_SIZE
-from conftest import StepQuantCodec
+from mpi_tests.helpers.stepquant import StepQuantCodec
 
 
 @pytest.mark.parametrize("cores, ranks, expected", [

@@ -18,7 +18,7 @@ import ccl  # noqa: E402
 import ccl.torch as ct  # noqa: E402
 from ccl.codecs import registered_codecs  # noqa: E402
 from ccl.torch.optimizer import plan_buckets  # noqa: E402
-from conftest import assert_same_on_all_ranks  # noqa: E402
+from ccl.testing import assert_same_on_all_ranks  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -266,9 +266,8 @@ def test_checkpoint_continues_exactly(comm, hvd, codec):
         assert not np.array_equal(resume(False), uninterrupted)
 
 
+@pytest.mark.mpi(min_size=2)
 def test_residuals_of_another_rank_are_not_loaded(comm, hvd):
-    if comm.size == 1:
-        pytest.skip("needs two ranks")
     model = Net()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(),
@@ -440,9 +439,8 @@ def test_bad_parameters_are_rejected_with_advice(comm, hvd):
         hvd.DistributedOptimizer(sgd, codec="no-such-codec")
 
 
+@pytest.mark.mpi(min_size=2)
 def test_ranks_with_different_models_raise_mismatch(comm, hvd):
-    if comm.size == 1:
-        pytest.skip("needs two ranks")
     model = Net(width=8 if comm.rank else 9)
     with pytest.raises(ccl.MismatchError):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),

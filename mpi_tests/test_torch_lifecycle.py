@@ -12,7 +12,6 @@
 
 
 import pytest
-from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
 
@@ -20,12 +19,10 @@ import ccl.torch as ct  # noqa: E402
 from ccl.torch.process_sets import OpsEngine  # noqa: E402
 from ccl import config  # noqa: E402
 from ccl.torch.runtime import current  # noqa: E402
-from conftest import assert_same_on_all_ranks, launch  # noqa: E402
+from ccl.testing import assert_same_on_all_ranks  # noqa: E402
+from mpi_tests.helpers.launch import launch  # noqa: E402
 
 torch.set_num_threads(1)
-
-serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
-                            reason="serial test: launches its own 3-rank jobs")
 
 # More than MPICH's communicators (2048 context ids, two per optimizer) allow at once.
 OPTIMIZERS = 1100
@@ -76,7 +73,7 @@ def test_dropped_optimizers_free_their_communicators(comm, hvd):
     assert_same_on_all_ranks(comm, model.weight.detach().numpy())
 
 
-@serial
+@pytest.mark.serial
 def test_exit_without_shutdown_is_clean(tmp_path):
     script = tmp_path / "no_shutdown.py"
     script.write_text(NO_SHUTDOWN)

@@ -215,18 +215,18 @@ def _pytest_cmd(run, mpi):
            f"--timeout={60 if not run.args.dry_run else 120}", "--timeout-method=thread",
            "--only-mpi" if mpi else "--with-mpi"]
     if run.args.dry_run:  # a few tests: the harness is checked, make test-gpu-sim runs them all
-        return cmd + ["tests_gpu/test_api_xp.py", "-k", "encode_keeps_module or auto_mpi"]
-    return cmd + ["tests_gpu", "--ignore=tests_gpu/test_gpu_check.py"]
+        return cmd + ["mpi_tests/gpu/test_api_xp.py", "-k", "encode_keeps_module or auto_mpi"]
+    return cmd + ["mpi_tests/gpu", "--ignore=mpi_tests/gpu/test_gpu_check.py"]
 
 
 def step_tests_1(run, budget):
-    """tests_gpu at one rank on the device (``CCL_TEST_GPU=1``: a missing GPU fails)."""
+    """mpi_tests/gpu at one rank on the device (``CCL_TEST_GPU=1``: a missing GPU fails)."""
     rc, text = run.execute(_pytest_cmd(run, mpi=False), budget)
     return dict(_status(rc, text), tests=_pytest_counts(text))
 
 
 def step_tests_mpi(run, budget):
-    """tests_gpu's MPI tests at each of ``--ranks``, every rank on the same GPU."""
+    """mpi_tests/gpu's MPI tests at each of ``--ranks``, every rank on the same GPU."""
     results, status = {}, "passed"
     end = time.monotonic() + budget
     counts = run.args.ranks

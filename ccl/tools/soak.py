@@ -10,13 +10,13 @@ no communication. Each call is checked:
 
 * shape and dtype, and bitwise agreement of the result on every rank;
 * ``none``: the exact sum to float32 rounding; ``fp16``/``bf16``: to their
-  rounding (:data:`CAST_ROUNDING`);
+  rounding (:data:`ccl.testing.CAST_ROUNDING`);
 * other (lossy) codecs without a key: finite, and within a loose bound
   (:data:`LOSSY_FACTOR` times the sum of the ranks' largest inputs);
 * calls with a key (through one :class:`ccl.Communicator` with small
   partitions) keep error feedback; at the end, for every key, what was
   delivered plus the residuals still held equals what was put in
-  (:func:`conservation_tolerance`): nothing lost.
+  (:func:`ccl.testing.conservation_tolerance`): nothing lost.
 
 The resident set size is read after a warm-up (``--warmup`` calls) and at
 the end; rank 0 prints the figures, and the exit status is 1 if any check
@@ -28,46 +28,25 @@ import os
 import resource
 import sys
 import time
-import zlib
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import Communicator, allgather, compressed_allreduce, reduce_scatter, warmup
 from ..codecs import get_codec, registered_codecs
+from ..testing import CAST_ROUNDING, cast_bound, conservation_tolerance, same_on_all_ranks
 from . import VARIANTS
 
 __all__ = ["CAST_ROUNDING", "LOSSY_FACTOR", "conservation_tolerance", "rss_bytes", "run",
            "main"]
 
 EPS32 = float(np.finfo(np.float32).eps)
-#: Unit roundoff of the codecs without error feedback, relative to the values rounded.
-CAST_ROUNDING = {"none": EPS32 / 2, "fp16": 2.0**-11, "bf16": 2.0**-8}
-#: ... and the absolute rounding of their subnormals (fp16's start below 6.1e-5).
-CAST_SUBNORMAL = {"fp16": 2.0**-25}
 #: Keyless lossy calls: |result - exact| <= LOSSY_FACTOR * (sum over ranks of max|x_r|),
 #: times n for random-k with ``scale=True`` (it multiplies kept values by n / k). Loose on
 #: purpose: these calls must not return garbage; keyed calls check conservation exactly.
 LOSSY_FACTOR = 32.0
 _PRIMES = (2, 3, 5, 7, 13, 31, 97, 251, 1009, 4099)
 _KEYS = 12
-
-
-def conservation_tolerance(calls, p, magnitude):
-    """Float32 rounding allowed in ``delivered + held - put in`` after ``calls`` calls.
-
-    Each call rounds at most about ``4 (p + 1)`` times (error feedback's
-    ``x + e`` and ``p - decode``, relay partial sums, the float32 result) on
-    values no larger than ``magnitude``.
-    """
-    return calls * 4 * (p + 1) * EPS32 * magnitude
-
-
-def cast_bound(codec_id, exact, inputs_abs_sum, p):
-    """Largest error of a codec without error feedback: ``p + 1`` roundings of partial sums."""
-    unit = CAST_ROUNDING[codec_id]
-    return (p + 1) * ((unit + EPS32) * (np.abs(exact) + inputs_abs_sum)
-                      + CAST_SUBNORMAL.get(codec_id, 0.0))
 
 
 def rss_bytes():
@@ -153,10 +132,6 @@ class _KeyBook:
         self.magnitude = 1.0
 
 
-def _digest(y):
-    return zlib.crc32(np.ascontiguousarray(y).view(np.uint8).tobytes())
-
-
 def run(comm, calls, seed=0, max_size=3000, warmup_calls=None, log=None):
     """Run the soak on ``comm``; return a dict of figures (the same on every rank).
 
@@ -221,11 +196,8 @@ def run(comm, calls, seed=0, max_size=3000, warmup_calls=None, log=None):
             fail(index, spec, f"result {y.shape} {y.dtype}, expected {exact[mine].shape}")
             continue
         sums = y.astype(np.float64) * scale
-        if collective != "reduce_scatter":
-            digests = np.empty(p, np.int64)
-            comm.Allgather(np.array([_digest(y)], np.int64), digests)
-            if len(set(digests.tolist())) != 1:
-                fail(index, spec, "results differ across ranks")
+        if collective != "reduce_scatter" and not same_on_all_ranks(comm, y):
+            fail(index, spec, "results differ across ranks")
         error = np.abs(sums - exact[mine])
         if not np.isfinite(sums).all():
             fail(index, spec, "non-finite result of finite inputs")

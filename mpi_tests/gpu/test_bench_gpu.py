@@ -2,7 +2,7 @@
 
 from ccl.bench.__main__ import main
 from ccl.bench.gpu import gpu_missing
-from conftest import gpu_unavailable_reason
+from mpi_tests.helpers.gpu import gpu_unavailable_reason
 
 
 def test_gpu_bench_says_why_it_cannot_run(capsys):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import gpu_unavailable_reason
+from mpi_tests.helpers.gpu import gpu_unavailable_reason
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

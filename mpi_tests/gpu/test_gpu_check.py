@@ -14,12 +14,10 @@ import time
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-SCRIPT = os.path.join(ROOT, "tools", "gpu_check.py")
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+from mpi_tests.helpers.launch import ROOT, load_tool
 
-import gpu_check  # noqa: E402  (tools/ is not a package)
+SCRIPT = os.path.join(ROOT, "tools", "gpu_check.py")
+gpu_check = load_tool("gpu_check")  # tools/ holds scripts, not a package
 
 STEP_NAMES = [name for name, _, _ in gpu_check.STEPS]
 

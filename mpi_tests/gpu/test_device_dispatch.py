@@ -1,6 +1,6 @@
 """How a codec finds its device twin: along the class hierarchy, never past an override.
 
-Runs under the CUDA simulator like the rest of ``tests_gpu``: ``simulated_device``
+Runs under the CUDA simulator like the rest of ``mpi_tests/gpu``: ``simulated_device``
 sends numpy arrays down the device paths, and the twins' kernels run there.
 """
 

@@ -1,6 +1,6 @@
 """Horovod's API on CUDA tensors: results come back on the tensor's device, exact or close.
 
-Runs on one rank with a real GPU (``CCL_TEST_GPU=1 python -m pytest tests_gpu``); skips
+Runs on one rank with a real GPU (``CCL_TEST_GPU=1 python -m pytest mpi_tests/gpu``); skips
 without one (fails with ``CCL_TEST_GPU=1``).
 """
 
