@@ -30,7 +30,7 @@ Set ``CCL_SKIP_LAUNCH_CHECK=1`` where independent one-rank processes are
 intended (e.g. ``srun -n 4 python serial_script.py`` on purpose).
 
 ccl runs the check once per process, when the first collective creates its
-private channel (``ccl.transport.channel``), and ``python -m ccl.bench``
+private channel (``ccl.transport.channel(comm)``), and ``python -m ccl.bench``
 runs it before measuring anything.
 
 Nodes

@@ -272,7 +272,7 @@ def test_gradient_accumulation_over_backward_passes(hvd):
     ref_opt = adam(reference, warmup_steps=10)
     for step in range(3):
         opt.zero_grad()
-        for half in (0, 1):  # the loss's two halves, one backward pass each
+        for _half in (0, 1):  # the loss's two halves, one backward pass each
             (loss_of(model, hvd.rank(), step) / 2).backward()
         opt.step()
         ref_opt.zero_grad()

@@ -59,7 +59,7 @@ def test_every_wait_honours_the_timeout(where):
     assert "rank 3: stuck in" in output, output
     reports = re.findall(r"ccl: (.*) timed out after 3 s waiting for (.*) in (.*); ", output)
     assert reports, f"no rank reported the wait:\n{output}"
-    for who, what, _ in reports:
+    for _who, what, _ in reports:
         assert re.search(STUCK[where], what), output
     # a hung rank would have run into the launcher's MPIEXEC_TIMEOUT instead
     assert "APPLICATION TIMED OUT" not in output, output

@@ -86,7 +86,8 @@ def test_srun_pmi2_runs_one_world_with_the_mpich_wheel():
 
 def test_srun_without_pmi_is_the_silent_trap_and_ccl_catches_it():
     # the premise: without a PMI plugin every task is a 1-rank world, and nothing fails
-    rc, output = _srun(2, "none", "-c", "from mpi4py import MPI; print('world', MPI.COMM_WORLD.size)")
+    rc, output = _srun(2, "none", "-c",
+                       "from mpi4py import MPI; print('world', MPI.COMM_WORLD.size)")
     assert rc == 0 and output.count("world 1") == 2, _tail(output)
     # ccl's first collective refuses, naming the fix
     rc, output = _srun(2, "none", "-c", ALLREDUCE)

@@ -1,4 +1,6 @@
-"""ccl.torch's lifecycle: communicators freed when their owner goes, a clean exit without shutdown().
+"""ccl.torch's lifecycle.
+
+Communicators are freed when their owner goes; a program exits cleanly without shutdown().
 
 * Every DistributedOptimizer (and DDP hook) duplicates ``ccl.torch``'s
   communicator; an MPI library has a few thousand communicators at most, so
@@ -15,7 +17,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import ccl.torch as ct  # noqa: E402
 from ccl.torch.process_sets import OpsEngine  # noqa: E402
 from ccl import config  # noqa: E402
 from ccl.torch.runtime import current  # noqa: E402

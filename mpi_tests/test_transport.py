@@ -16,10 +16,10 @@ from ccl.transport import waits
 
 
 def test_the_package_exports_the_channel():
-    from ccl.transport.channel import Channel as defined_there
+    from ccl.transport.p2p import Channel as defined_there
 
     assert Channel is defined_there
-    assert callable(channel) and channel.__module__ == "ccl.transport.channel"
+    assert callable(channel) and channel.__module__ == "ccl.transport.p2p"
 
 
 def test_the_old_waits_module_still_works_and_warns():

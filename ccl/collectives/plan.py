@@ -21,7 +21,6 @@ import math
 import threading
 
 import numpy as np
-from mpi4py import MPI
 
 from .. import config, trace
 from .._xp import backend_of

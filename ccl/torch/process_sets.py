@@ -203,7 +203,7 @@ class OpsEngine(Engine):
         if self.closed:
             return
         error = None
-        for set_id, process_set in sorted(self.sets.items()):
+        for _, process_set in sorted(self.sets.items()):
             try:
                 _free_set_runtime(process_set)
             except MismatchError as exc:  # members still step: raised once all is freed

@@ -1,16 +1,16 @@
 """Moving bytes between ranks on a private communicator: ccl's transport.
 
-``channel(comm)`` returns the :class:`~ccl.transport.channel.Channel`
+``channel(comm)`` returns the :class:`~ccl.transport.p2p.Channel`
 cached on a user's communicator; every collective runs on one, inside ``with
 channel.collective(activity, timeout) as tag:``. The package, one module
 per job:
 
-``channel``
-    :class:`~ccl.transport.channel.Channel` (the private duplicate, one
+``p2p``
+    :class:`~ccl.transport.p2p.Channel` (the private duplicate, one
     collective at a time, point-to-point payloads), its
-    :class:`~ccl.transport.channel.Topology` (nodes),
-    :func:`~ccl.transport.channel.channel` and
-    :func:`~ccl.transport.channel.private_duplicate`.
+    :class:`~ccl.transport.p2p.Topology` (nodes),
+    :func:`~ccl.transport.p2p.channel` and
+    :func:`~ccl.transport.p2p.private_duplicate`.
 ``mpi_calls``
     The MPI library's own collectives, on byte payloads and uncompressed
     values (a part of the channel).
@@ -28,7 +28,7 @@ per job:
 """
 
 from .cache import Measurements, comm_cache
-from .channel import Channel, Topology, channel, private_duplicate
+from .p2p import Channel, Topology, channel, private_duplicate
 from .waits import POLL_SLEEP_MAX_S, POLL_SPIN_S
 
 __all__ = ["Channel", "Topology", "Measurements", "channel", "comm_cache", "private_duplicate",

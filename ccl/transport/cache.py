@@ -4,7 +4,7 @@ Two caches, one per side of the private duplicate:
 
 * :func:`comm_cache` is a dict kept on the *user's* communicator as an MPI
   attribute, so it is freed with it: it holds the communicator's channel
-  (:func:`ccl.transport.channel.channel`) and the module-level functions'
+  (:func:`ccl.transport.p2p.channel`) and the module-level functions'
   error-feedback state.
 * :class:`Measurements` is kept on a channel: what ``auto`` and the thread
   budget found about its ranks (the link, the latency, the share of cores,
@@ -44,7 +44,7 @@ def _delete_cache(comm, keyval, cache):
 def comm_cache(comm: MPI.Comm) -> _Cache:
     """The dict ccl keeps on the user's communicator ``comm`` (freed with it).
 
-    Holds the :class:`~ccl.transport.channel.Channel` under ``"channel"`` and
+    Holds the :class:`~ccl.transport.p2p.Channel` under ``"channel"`` and
     whatever else ccl keeps per communicator (the module-level functions'
     error-feedback state). Values with a ``free()`` method are freed when
     ``comm`` is. Its ``lock`` attribute guards the creation of entries.

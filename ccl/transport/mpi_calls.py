@@ -1,6 +1,6 @@
 """The MPI library's own collectives on a channel: of byte payloads, and of plain values.
 
-:class:`MPICalls` is the part of :class:`ccl.transport.channel.Channel` that calls
+:class:`MPICalls` is the part of :class:`ccl.transport.p2p.Channel` that calls
 the MPI library's collectives instead of sending point to point:
 
 * on **byte payloads** of any length (``allgather``, ``bcast``): what the
@@ -32,7 +32,7 @@ _BYTE = MPI.BYTE
 
 
 class MPICalls:
-    """The MPI library's collectives, for :class:`ccl.transport.channel.Channel` to inherit.
+    """The MPI library's collectives, for :class:`ccl.transport.p2p.Channel` to inherit.
 
     The channel provides ``comm``, ``rank``, ``size``, ``wait(request,
     what)``, ``who(rank)``, ``route`` (a :class:`ccl.transport.staging.Route`)

@@ -1,4 +1,6 @@
-"""Run by test_cluster.py on an emulated cluster, never collected: where ranks are, what crosses links.
+"""Run by test_cluster.py on an emulated cluster, never collected.
+
+Where ranks are, and what crosses links.
 
 ``python -m mpi4py cluster_placement.py RANKS_PER_HOST NBYTES`` prints (on
 rank 0) one JSON line per rank: its ``eth0`` address and network namespace, the node sizes MPI
