@@ -20,8 +20,13 @@ transport).
 
 import contextlib
 import sys
+from typing import TypeVar
 
 import numpy as np
+
+#: An array of either module: numpy, or cupy where the work runs on the device. Annotations
+#: use it where a function returns the kind of array it was given.
+ArrayT = TypeVar("ArrayT")
 
 __all__ = ["Backend", "HOST", "array_module", "backend_of", "is_device_array",
            "simulated_device", "to_numpy"]

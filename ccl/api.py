@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Hashable
 
 from . import collectives
-from .arguments import ArrayT, CodecLike, array_first, by_look, world_or
+from ._xp import ArrayT
+from .arguments import CodecLike, array_first, by_look, world_or
 from .collectives import Options
 from .communicator import Communicator
 from .feedback import ErrorFeedback

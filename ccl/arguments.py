@@ -30,9 +30,6 @@ __all__ = ["array_first", "looks_like_codec", "world_or", "by_look"]
 # Types the entry points' annotations share (not exported: type checkers read them here).
 #: What a ``codec`` argument takes: a codec, a registered id, a config dict, or None.
 CodecLike = Union["Codec", str, Mapping[str, Any], None]
-#: An input array: numpy, or cupy where the codec runs on the device; a collective returns
-#: the kind it was given.
-ArrayT = TypeVar("ArrayT")
 #: ``meant(extra_values) -> names``: the keyword each extra positional argument was meant for.
 Meant = Callable[[Sequence[Any]], list[str]]
 _F = TypeVar("_F", bound=Callable[..., Any])

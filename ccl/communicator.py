@@ -13,7 +13,8 @@ import collections
 from typing import TYPE_CHECKING, Any, Hashable
 
 from . import collectives, config
-from .arguments import ArrayT, CodecLike, array_first, by_look, world_or
+from ._xp import ArrayT
+from .arguments import CodecLike, array_first, by_look, world_or
 from .collectives import Options
 from .collectives.auto import MIN_COMPRESS_BYTES
 from .feedback import ErrorFeedback

@@ -42,7 +42,7 @@ myst_enable_extensions = ["colon_fence"]
 # API reference: numpydoc renders the sections; members are listed by autodoc.
 autodoc_member_order = "bysource"
 # The numpydoc sections give every type in words; the annotations are for type checkers
-# (their aliases and type variables, such as ccl.arguments.CodecLike and ccl.codecs.base.ArrayT,
+# (their aliases and type variables, such as ccl.arguments.CodecLike and ccl._xp.ArrayT,
 # are not pages of their own).
 autodoc_typehints = "none"
 autodoc_default_options = {"members": True}

@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 
 import ccl.torch as ct  # noqa: E402
 import ccl.torch.checkpoint  # noqa: E402,F401
-from checkpoints.scenarios import BEFORE, MORE, NAMES, Run  # noqa: E402
-from conftest import assert_same_on_all_ranks  # noqa: E402
+from ccl.testing import assert_same_on_all_ranks  # noqa: E402
+from mpi_tests.checkpoints.scenarios import BEFORE, MORE, NAMES, Run  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 

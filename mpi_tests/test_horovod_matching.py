@@ -87,10 +87,9 @@ def test_generated_and_given_names_interleave(hvd):
     assert torch.equal(hvd.synchronize(named), sum(values(r, 1) for r in range(size)))
 
 
+@pytest.mark.mpi(min_size=2)
 def test_names_missing_on_some_ranks_raise_on_every_rank(hvd):
     size, rank = hvd.size(), hvd.rank()
-    if size == 1:
-        pytest.skip("names differ only between two ranks")
     # every rank queues its own name, then one all ranks share: the shared one runs,
     # the others fail everywhere once every rank waits
     own = hvd.allreduce_async(torch.ones(3), name=f"only.{rank}", op=hvd.Sum)
@@ -102,10 +101,9 @@ def test_names_missing_on_some_ranks_raise_on_every_rank(hvd):
     assert hvd.allreduce(torch.ones(1), name=f"only.{rank % 1}", op=hvd.Sum).item() == size
 
 
+@pytest.mark.mpi(min_size=2)
 def test_process_set_matches_its_own_names(hvd):
     size, rank = hvd.size(), hvd.rank()
-    if size < 2:
-        pytest.skip("a set of two ranks")
     pair = hvd.add_process_set([0, 1])
     try:
         if rank < 2:

@@ -12,14 +12,11 @@ import subprocess
 import sys
 
 import pytest
-from mpi4py import MPI
 
-from conftest import ROOT
+from mpi_tests.helpers.launch import ROOT
 
 pytest.importorskip("mypy", reason="mypy comes with the test extras (make install-test)")
 
-serial = pytest.mark.skipif(MPI.COMM_WORLD.size > 1,
-                            reason="serial test: runs once, in the serial pass")
 
 USER_PROGRAM = """\
 import numpy as np
@@ -44,12 +41,12 @@ def _mypy(args, tmp_path):
                           timeout=600)
 
 
-@serial
+@pytest.mark.serial
 def test_the_package_says_it_is_typed():
     assert importlib.resources.files("ccl").joinpath("py.typed").is_file()
 
 
-@serial
+@pytest.mark.serial
 def test_a_user_program_sees_the_annotations(tmp_path):
     program = tmp_path / "user.py"
     program.write_text(USER_PROGRAM)
@@ -66,7 +63,7 @@ def test_a_user_program_sees_the_annotations(tmp_path):
     assert '"check_finite"' in errors[1] and "user.py:10:" in errors[1], result.stdout
 
 
-@serial
+@pytest.mark.serial
 def test_the_project_configuration_passes(tmp_path):
     result = _mypy([], tmp_path)  # mypy.ini: the public modules, every function annotated
     assert result.returncode == 0, result.stdout + result.stderr

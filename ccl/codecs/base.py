@@ -32,12 +32,11 @@ back as ``ctx.shared``.
 
 from __future__ import annotations
 
-from typing import TypeVar
 
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .._xp import backend_of
+from .._xp import ArrayT, backend_of
 from ..errors import CompressionOverflowError, PayloadError
 from .configurable import Configurable
 from .context import CodecContext, all_finite
@@ -47,9 +46,6 @@ from .header import (FLAG_FAILED, FLAG_NONFINITE, FLAG_OVERFLOW, HEADER_SIZE,
 
 __all__ = ["Codec"]
 
-#: An array a codec takes and returns: numpy, or cupy where the codec runs on the device;
-#: a payload or a decoded array is of the kind that was given.
-ArrayT = TypeVar("ArrayT")
 
 
 class Codec(Configurable, PayloadFraming):

@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    mpiexec -n 2 python -m mpi4py mpi_tests/checkpoints/make_fixtures.py v2
+    mpiexec -n 2 python -m mpi4py -m mpi_tests.checkpoints.make_fixtures v2
 
 It writes ``mpi_tests/checkpoints/<folder>/<scenario>-rank<r>.pt``. Files of
 a released format version stay as they are: every later version must load
@@ -21,8 +21,7 @@ from mpi4py import MPI
 
 import ccl.torch as ct
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from scenarios import BEFORE, MORE, NAMES, Run  # noqa: E402
+from mpi_tests.checkpoints.scenarios import BEFORE, MORE, NAMES, Run
 
 
 def main(folder):
