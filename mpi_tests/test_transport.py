@@ -5,10 +5,14 @@ every collective test (and ``test_staging.py``); these tests hold what the
 package itself promises.
 """
 
+import ast
+import pathlib
+import re
 import threading
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import ccl
 from ccl.transport import Channel, Measurements, channel
@@ -126,3 +130,48 @@ def test_a_sub_communicator_channel_runs_collectives_too(comm):
         assert ch.plain_bytes_sent <= ch.bytes_sent
     finally:
         odd.Free()
+
+
+#: A channel's own state: only the transport writes it (the rest of ccl asks it through methods).
+CHANNEL_STATE = {"bytes_sent", "plain_bytes_sent", "activity", "calls", "timeout", "route",
+                 "measured"}
+
+
+#: How ccl's modules name a channel (``channel(comm)``, ``call.channel``, hierarchical's two).
+CHANNEL_NAMES = re.compile(r"channel|^(ch|local|cross)$")
+
+
+def writes_of(source, names):
+    """``[(line, attribute)]``: assignments to ``<a channel>.<name>`` in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and target.attr in names \
+                    and CHANNEL_NAMES.search(ast.unparse(target.value)):
+                found.append((node.lineno, target.attr))
+    return found
+
+
+def test_only_the_transport_writes_a_channels_state():
+    made_up = ("ch.bytes_sent += 3\nself.activity = 'x'\nch.describe('y')\n"
+               "channel(comm).calls = 2\nbook.calls += 1\nlocal.activity: str = 'z'\n")
+    assert writes_of(made_up, CHANNEL_STATE) == [(1, "bytes_sent"), (4, "calls"),
+                                                 (6, "activity")]
+    package = pathlib.Path(ccl.__file__).parent
+    offenders = [f"{path.relative_to(package)}:{line} writes .{name}"
+                 for path in sorted(package.rglob("*.py")) if "transport" not in path.parts
+                 for line, name in writes_of(path.read_text(), CHANNEL_STATE)]
+    assert not offenders, offenders
+
+
+def test_traffic_counts_through_the_channels_methods():
+    ch = Channel(MPI.COMM_SELF, duplicate=False)
+    ch.bytes_sent, ch.plain_bytes_sent = 100, 10  # as after earlier calls
+    before = ch.traffic()
+    ch.bytes_sent += 50  # a call's payloads (isend counts them)
+    ch.count_as_plain(before)
+    assert ch.traffic() == (150, 60)
+    ch.add_traffic(7, 2)
+    assert ch.traffic() == (157, 62)

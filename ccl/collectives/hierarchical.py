@@ -60,15 +60,17 @@ def allreduce(call, x):
     local, cross = topology.local, topology.cross
     bounds = chunk_bounds(x.size, local.size)
     start = int(bounds[local.rank])
-    sent_before = local.bytes_sent + cross.bytes_sent
-    plain_before = local.plain_bytes_sent + cross.plain_bytes_sent
+
+    def traffic():  # (sent, plain) inside the node and across together
+        return tuple(a + b for a, b in zip(local.traffic(), cross.traffic()))
+
+    before = traffic()
     try:
         return _three_steps(call, x, local, cross, bounds, start)
     finally:
         # what this rank sent inside its node and across is the call's traffic
-        call.channel.bytes_sent += local.bytes_sent + cross.bytes_sent - sent_before
-        call.channel.plain_bytes_sent += (local.plain_bytes_sent + cross.plain_bytes_sent
-                                          - plain_before)
+        after = traffic()
+        call.channel.add_traffic(after[0] - before[0], after[1] - before[1])
 
 
 @contextlib.contextmanager

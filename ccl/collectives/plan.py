@@ -243,7 +243,7 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
         except ValueError as exc:
             request.error = exc
     completed = False
-    began, sent, plain = trace.now(), channel.bytes_sent, channel.plain_bytes_sent
+    began, before = trace.now(), channel.traffic()
     algorithm = tag = None
     try:
         with channel.collective(f"{collective}(key={key!r})", request.timeout) as tag:
@@ -262,16 +262,16 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
                 record[algorithm, request.reason] += 1
             # MPI's own allreduce runs no kernel: it needs no thread budget (setting one
             # costs more than a small call's reduction)
-            sent, plain = channel.bytes_sent, channel.plain_bytes_sent
+            reducing = channel.traffic()
             with budgeted(None if algorithm == "mpi" else threads):
                 total = _reduce(channel, feedback, request, algorithm, key, step, tag)
             if request.codec.identity:  # its payloads are the values themselves: all plain
-                channel.plain_bytes_sent = plain + channel.bytes_sent - sent
+                channel.count_as_plain(reducing)
             completed = True
     finally:
         # the whole call as one event, once the channel is released (if it was taken)
         if tag is not None and trace.recording():
-            _trace_call(channel, request, key, algorithm, began, sent, plain, completed)
+            _trace_call(channel, request, key, algorithm, began, before, completed)
     options, codec, p = request.options, request.codec, channel.size
     # an allgather sums nothing: a Communicator's default op "mean" does not apply to it
     mean = options.op == "mean" and collective != "allgather"
@@ -291,23 +291,24 @@ def run(channel, feedback, collective, x, options, key=None, record=None, **over
     return result.reshape(request.x.shape) if collective == "allreduce" else result
 
 
-def _trace_call(channel, request, key, algorithm, began, sent, plain, completed):
+def _trace_call(channel, request, key, algorithm, began, before, completed):
     """Record the whole call as a timeline event (:mod:`ccl.trace`)."""
     ok = request.error is None
+    sent, plain = channel.traffic()
     trace.add(request.collective if key is None else str(key), request.collective, began,
               trace.now(), collective=request.collective, key=None if key is None else str(key),
               codec=None if request.codec is None else request.codec.codec_id,
               algorithm=algorithm, bytes=int(request.x.nbytes) if ok else None,
-              bytes_sent=int(channel.bytes_sent - sent),
-              plain_bytes_sent=int(channel.plain_bytes_sent - plain), completed=completed)
+              bytes_sent=int(sent - before[0]), plain_bytes_sent=int(plain - before[1]),
+              completed=completed)
 
 
 def _reduce(channel, feedback, request, algorithm, key, step, tag):
     """Run the pieces of the call with error feedback; return the flat sum."""
     codec, flat, p = request.codec, request.flat, channel.size
     channel.use_backend(request.backend)  # device payloads: CUDA-aware MPI or staging
-    channel.activity = (f"{request.collective}(key={key!r}, codec={codec.codec_id!r}, "
-                        f"algorithm={algorithm!r})")
+    channel.describe(f"{request.collective}(key={key!r}, codec={codec.codec_id!r}, "
+                     f"algorithm={algorithm!r})")
     if request.options.op == "mean" and codec.predivide_mean and p > 1 \
             and request.collective != "allgather":
         flat = flat / p

@@ -322,7 +322,7 @@ class FSDPState:
                              f"communicators, these modules have {len(self._gathers)}")
         own = checkpoint.owns(entry, self.rank, self.size)
         for c, calls in zip(self._gathers, gathers, strict=True):  # the same on every rank
-            channel(c.comm).calls = calls
+            channel(c.comm).resume_calls(calls)
         for c, saved in zip(self._keyed, entry["communicators"], strict=True):
             checkpoint.restore(c, saved, own)
 

@@ -197,6 +197,40 @@ class Channel(Waiting, MPICalls):
         finally:
             self._lock.release()
 
+    def describe(self, activity: str) -> None:
+        """Say more precisely what the current collective does (the wait reports name it)."""
+        self.activity = activity
+
+    def resume_calls(self, calls: int) -> None:
+        """Continue the count of collectives from a checkpoint's (the step of keyless calls).
+
+        Every rank must resume the same count, as every rank counted alike.
+        """
+        self.calls = int(calls)
+
+    # ---------------------------------------------------------- traffic counters
+    def traffic(self) -> tuple[int, int]:
+        """``(bytes_sent, plain_bytes_sent)`` so far: subtract two to count one call."""
+        return self.bytes_sent, self.plain_bytes_sent
+
+    def count_as_plain(self, since: tuple[int, int]) -> None:
+        """Count every byte sent after ``since`` (a :meth:`traffic`) as uncompressed.
+
+        For a call whose codec is an identity: its payloads are the values
+        themselves.
+        """
+        sent, plain = since
+        self.plain_bytes_sent = plain + self.bytes_sent - sent
+
+    def add_traffic(self, sent: int, plain: int) -> None:
+        """Count bytes other channels sent for this channel's collective.
+
+        The hierarchical algorithm sends on the node's and the cross-node
+        channels; the call's traffic is theirs.
+        """
+        self.bytes_sent += sent
+        self.plain_bytes_sent += plain
+
     def use_backend(self, backend: Backend, aware: bool | None = None) -> None:
         """Route the current collective's payloads for ``backend``'s arrays (host or device).
 
