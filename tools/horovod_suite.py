@@ -34,14 +34,6 @@ import xml.etree.ElementTree as ET
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SHIM_TORCH = '''"""Horovod's import path, resolved to ccl.torch for the compatibility run."""
-import ccl.torch as _ccl_torch
-from ccl.torch import *  # noqa: F401,F403
-from ccl.torch import __all__  # noqa: F401
-
-Compression = _ccl_torch.Compression
-'''
-
 CONFTEST = '''"""Per-rank JUnit reports and the suite's compatibility fixes for this Python."""
 import inspect
 import os
@@ -66,13 +58,11 @@ NOT_CPU = ("gpu", "cuda", "nccl", "gloo")
 
 
 def write_shim(folder):
-    """Write the ``horovod.torch`` shim package and the conftest into ``folder``."""
-    pkg = os.path.join(folder, "horovod", "torch")
-    os.makedirs(pkg, exist_ok=True)
-    with open(os.path.join(folder, "horovod", "__init__.py"), "w", encoding="utf-8") as f:
-        f.write('"""Shim: Horovod\'s package name over ccl."""\n')
-    with open(os.path.join(pkg, "__init__.py"), "w", encoding="utf-8") as f:
-        f.write(SHIM_TORCH)
+    """Write the ``horovod`` alias package (``horovod.torch`` is ``ccl.torch``) into ``folder``."""
+    sys.path.insert(0, REPO)  # ccl from this checkout, as the suite's ranks get it
+    from ccl.torch import horovod_alias
+
+    horovod_alias.write(folder)
 
 
 def outcomes(report):
