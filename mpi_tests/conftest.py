@@ -6,8 +6,10 @@ a stuck rank, and every test gets its own duplicated communicator so a
 collective left dangling by one test can never match the next test's.
 
 Markers (registered in ``pytest.ini``): ``mpi`` (pytest-mpi; ``mpi(min_size=2)``
-skips below two ranks) and ``serial`` (a test that runs once, in the serial
-pass, e.g. because it launches MPI jobs of its own). ``mpi_tests/gpu/`` is
+skips below two ranks), ``serial`` (a test that runs once, in the serial
+pass, e.g. because it launches MPI jobs of its own) and ``max_ranks(n)`` (a
+training or benchmark run, skipped above ``n`` ranks: the collectives under
+it are tested at 1-5 ranks on their own). ``mpi_tests/gpu/`` is
 collected only when named on the command line (``make test-gpu-sim``): its
 conftest turns numba's CUDA simulator on, which must not happen to the rest.
 
@@ -47,6 +49,11 @@ def pytest_configure(config):
 def pytest_runtest_setup(item):
     if item.get_closest_marker("serial") is not None and MPI.COMM_WORLD.size > 1:
         pytest.skip("serial test: runs once, in the serial pass")
+    most = item.get_closest_marker("max_ranks")
+    if most is not None and MPI.COMM_WORLD.size > most.args[0]:
+        # a whole training run per rank count; on a shared CI core its cost grows with the
+        # ranks while what it checks (learning, a benchmark's rows) does not
+        pytest.skip(f"training or benchmark run: at most {most.args[0]} ranks")
 
 
 def _free_port():

@@ -25,6 +25,7 @@ def _drifts(comm, specs, algorithm):
 
 
 @pytest.mark.mpi
+@pytest.mark.max_ranks(3)
 def test_3lc_below_one_keeps_the_weights_near_exact_sgd(comm):
     # s = 1 (the paper's smallest, the default) holds back most of each gradient in the
     # residual; s = 0.5, allowed since, sends more of it now

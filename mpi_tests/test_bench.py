@@ -258,6 +258,7 @@ def _accuracy_rows(comm, tmp_path, extra):
 
 
 @pytest.mark.mpi
+@pytest.mark.max_ranks(3)
 def test_accuracy_decode_reencode_rows(comm, tmp_path):
     (plain,) = _accuracy_rows(comm, tmp_path, [])
     (reenc,) = _accuracy_rows(comm, tmp_path, ["--decode-reencode"])

@@ -73,6 +73,7 @@ def train(comm, model, optimizer, data):
     return diverged, accuracy(model, x_test, y_test)
 
 
+@pytest.mark.max_ranks(3)
 def test_defaults_train_like_exact_adamw(hvd, comm):
     data = digits_shards(comm.rank, comm.size)
     reference = exact_adamw(comm.size)

@@ -228,6 +228,7 @@ def test_ddp_hook_learns_and_continues_bit_identically(comm, hvd, process_group)
             ct.ddp_comm_hook({"id": "powersgd", "seed": -1} if comm.rank == 0 else "powersgd")
 
 
+@pytest.mark.max_ranks(3)
 def test_training_on_digits_reaches_exact_averaging(comm, hvd):
     """An MLP on digits learns as much per step as with exact averaging (rank 4, defaults)."""
     x, y, x_test, y_test = digits_shards(comm.rank, comm.size)
