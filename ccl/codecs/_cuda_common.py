@@ -65,7 +65,7 @@ def launch(be, kernel, n, *args):
     """
     if n:
         blocks = max(1, min(_MAX_BLOCKS, (int(n) + _THREADS - 1) // _THREADS))
-        kernel[blocks, _THREADS, be.stream()](*_unsynced(args))
+        kernel[blocks, _THREADS, be.stream()](*args)
 
 
 def launch_blocks(be, kernel, blocks, *args):
@@ -75,22 +75,7 @@ def launch_blocks(be, kernel, blocks, *args):
     loop over the pieces block-stride, so any grid size is correct.
     """
     if blocks:
-        kernel[max(1, min(_MAX_BLOCKS, int(blocks))), _THREADS, be.stream()](*_unsynced(args))
-
-
-def _unsynced(args):
-    """``args`` with each cupy array as a numba device array made without a synchronisation.
-
-    Given a cupy array, numba synchronises the stream the array names
-    before every launch (the CUDA Array Interface's rule for arrays from
-    another stream): the host then waits for all queued work at each kernel.
-    ccl launches on cupy's current stream (``be.stream()``), the stream
-    that array work is ordered on, so the wait buys nothing.
-    """
-    if SIMULATOR:
-        return args
-    return [cuda.from_cuda_array_interface(a.__cuda_array_interface__, owner=a, sync=False)
-            if type(a).__module__.startswith("cupy") and a.size else a for a in args]
+        kernel[max(1, min(_MAX_BLOCKS, int(blocks))), _THREADS, be.stream()](*args)
 
 
 def device_function(func):
