@@ -10,8 +10,9 @@ them, so the gaps between stages show too.
 
 ``mpiexec -n 4 python3 -m mpi4py tools/gpu_profile.py train --codecs none onebit``
 profiles ``ccl.bench gpu-train`` steps with cProfile, in the main thread
-and in ccl.torch's communication thread, and prints the top functions of
-rank 0 by own time and by cumulative time.
+and in ccl.torch's communication thread (one profile for both from Python
+3.12 on), and prints the top functions of rank 0 by own time and by
+cumulative time.
 
 Both are diagnostics for a GPU machine; neither runs in ``make test``.
 """
@@ -136,7 +137,11 @@ def train(args):
         finally:
             prof.disable()
 
-    engine.Engine.serve = profiled_serve
+    # From Python 3.12 one cProfile profiler sees every thread (it is built on sys.monitoring,
+    # which allows one at a time): the communication thread's calls are then in the main
+    # thread's profile. Before 3.12 each thread needs its own.
+    if sys.version_info < (3, 12):
+        engine.Engine.serve = profiled_serve
     comm = MPI.COMM_WORLD
     bench_args = argparse.Namespace(
         codecs=args.codecs, adam_codecs=[], algorithm=[args.algorithm], width=args.width,
