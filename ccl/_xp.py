@@ -76,6 +76,10 @@ class Backend:
     def synchronize(self):
         """Wait until the device finished the work queued so far (host: nothing to wait for)."""
 
+    def all_finite(self, x):
+        """Whether the float array ``x`` holds no NaN or Inf."""
+        return bool(self.xp.isfinite(x).all())
+
     def stream(self):
         """The stream numba.cuda kernels launch on (0: the default stream)."""
         return 0
@@ -107,6 +111,7 @@ class _CupyBackend(Backend):
     def __init__(self, cupy):
         self._cupy = cupy
         self._streams = {}
+        self._all_finite = None
 
     @property
     def xp(self):
@@ -129,6 +134,16 @@ class _CupyBackend(Backend):
 
     def synchronize(self):
         self._cupy.cuda.get_current_stream().synchronize()
+
+    def all_finite(self, x):
+        # one fused pass: isfinite(x).all() would first write a boolean array as large as x
+        # (measured on an H100: 0.5 ms of a 256 MB encode's 2 ms); in double, exact for
+        # float16, float32 and float64 alike
+        if self._all_finite is None:
+            self._all_finite = self._cupy.ReductionKernel(
+                "T x", "bool y", "isfinite((double)x)", "a && b", "y = a", "true",
+                "ccl_all_finite")
+        return bool(self._all_finite(x))
 
     def stream(self):
         from numba import cuda  # only on a GPU: the external-stream wrapper needs a driver

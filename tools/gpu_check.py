@@ -46,7 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: (name, budget in seconds on a GPU, budget in a dry run), in the order they run.
 STEPS = (("install", 45, 45), ("environment", 50, 60), ("warmup", 60, 90),
          ("tests-1", 120, 90), ("tests-mpi", 100, 90), ("bench-gpu", 75, 60),
-         ("allreduce", 70, 90), ("train", 60, 90))
+         ("allreduce", 70, 90), ("train", 90, 90))
 #: Left at the end of ``--limit`` for killing the last step (up to 10 s) and the summary; a
 #: step starts only with MIN_STEP_S more, and leaves FLOOR_S to each step after it (a slow
 #: step cannot starve all the others).
@@ -287,7 +287,7 @@ def step_train(run, budget):
         options = ["--width", "16", "--batch", "8", "--steps", "1", "--warmup", "1",
                    "--codecs", "none", "onebit", "--min-compress-bytes", "0"]
     else:
-        options = ["--steps", "5", "--warmup", "2"]
+        options = ["--steps", "5", "--warmup", "2", "--algorithm", "ring", "auto"]
     return _bench(run, budget, "gpu-train", options, ranks=run.args.bench_ranks)
 
 
@@ -422,9 +422,10 @@ def summary_lines(result):
                       f"{r['algorithm']:<9} {1e3 * r['seconds']:>8.2f} {r['speedup']:>7.2f} "
                       f"{r['identical']}" for r in rows]
         elif step["name"] == "train" and rows:
-            lines.append("optimizer            codec       ms/step  vs none identical")
-            lines += [f"{r['optimizer']:<20} {r['codec']:<10} {1e3 * r['seconds']:>8.2f} "
-                      f"{r['vs_none'] or 0:>8.2f} {r['identical']}" for r in rows]
+            lines.append("optimizer            codec      algorithm  ms/step  vs none identical")
+            lines += [f"{r['optimizer']:<20} {r['codec']:<10} {r.get('algorithm', ''):<9} "
+                      f"{1e3 * r['seconds']:>8.2f} {r['vs_none'] or 0:>8.2f} {r['identical']}"
+                      for r in rows]
     return lines
 
 

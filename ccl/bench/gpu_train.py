@@ -10,7 +10,9 @@ linear layers, on random data of its own) on GPU ``local rank % device
 count``. One row per configuration: :func:`ccl.torch.DistributedOptimizer`
 around SGD with each of ``--codecs`` (``none`` is ``codec=None``, the MPI
 library's ``Allreduce``), then :class:`ccl.torch.CompressedAdam` with each of
-``--adam-codecs`` past its warm-up. ``seconds`` is the median over
+``--adam-codecs`` past its warm-up, the compressed ones once per algorithm
+of ``--algorithm`` (``auto``, the library's default, runs the exact MPI
+allreduce when every rank is on one node). ``seconds`` is the median over
 ``--steps`` steps (forward, backward, ``step()``, device synchronised) of
 the slowest rank, after ``--warmup`` untimed steps; ``vs_none`` divides the
 ``DistributedOptimizer`` ``codec=None`` step time by the row's (above 1:
@@ -62,13 +64,13 @@ def _model(width, device):
     return torch.nn.Sequential(*layers, torch.nn.Linear(width, 1)).to(device)
 
 
-def _optimizer(kind, codec, model, args):
+def _optimizer(kind, codec, algorithm, model, args):
     import torch
 
     import ccl.torch as ct
 
     named = model.named_parameters()
-    options = dict(named_parameters=named, codec=codec, algorithm=args.algorithm)
+    options = dict(named_parameters=named, codec=codec, algorithm=algorithm)
     if args.min_compress_bytes is not None:
         options["min_compress_bytes"] = args.min_compress_bytes
     if kind == "DistributedOptimizer":
@@ -77,12 +79,12 @@ def _optimizer(kind, codec, model, args):
     return ct.CompressedAdam(model.parameters(), lr=1e-4, warmup_steps=args.warmup, **options)
 
 
-def _run(comm, kind, codec, device, args):
+def _run(comm, kind, codec, algorithm, device, args):
     """Median seconds per step (slowest rank), parameters, and whether replicas are identical."""
     import torch
 
     model = _model(args.width, device)
-    optimizer = _optimizer(kind, codec, model, args)
+    optimizer = _optimizer(kind, codec, algorithm, model, args)
     gen = torch.Generator(device=device).manual_seed(1 + comm.rank)
     data = torch.randn(args.batch, args.width, device=device, generator=gen)
     target = torch.randn(args.batch, 1, device=device, generator=gen)
@@ -114,20 +116,25 @@ def measure(comm, args):
     import ccl.torch as ct
 
     device, context = _device(comm, args.simulate)
-    configs = [("DistributedOptimizer", c) for c in sorted(args.codecs, key=lambda c: c != "none")]
-    configs += [("CompressedAdam", c) for c in args.adam_codecs]
+    algorithms = args.algorithm if isinstance(args.algorithm, list) else [args.algorithm]
+    configs = [("DistributedOptimizer", "none", None)] if "none" in args.codecs else []
+    configs += [(kind, c, a) for a in algorithms
+                for kind, codecs in (("DistributedOptimizer", args.codecs),
+                                     ("CompressedAdam", args.adam_codecs))
+                for c in codecs if c != "none"]
     ct.init(comm)
     base = None
     try:
         with context:
-            for kind, name in configs:
+            for kind, name, algorithm in configs:
                 codec = None if name == "none" else (
                     json.loads(name) if name.startswith("{") else name)
-                seconds, params, identical = _run(comm, kind, codec, device, args)
+                seconds, params, identical = _run(comm, kind, codec, algorithm, device, args)
                 if kind == "DistributedOptimizer" and codec is None:
                     base = seconds
-                yield dict(optimizer=kind, codec=name, ranks=comm.size, device=str(device),
-                           params=params, seconds=seconds, identical=identical,
+                yield dict(optimizer=kind, codec=name, algorithm=algorithm or "", ranks=comm.size,
+                           device=str(device), params=params, seconds=seconds,
+                           identical=identical,
                            vs_none=None if base is None else base / seconds)
     finally:
         ct.shutdown()
@@ -139,9 +146,9 @@ def main(argv=None):
                         help="DistributedOptimizer codecs (none: codec=None)")
     parser.add_argument("--adam-codecs", nargs="+", default=["onebit"],
                         help="CompressedAdam codecs")
-    parser.add_argument("--algorithm", default="ring",
-                        help="algorithm of compressed buckets (default ring: auto runs exact "
-                             "inside a node)")
+    parser.add_argument("--algorithm", nargs="+", default=["ring"],
+                        help="algorithms of compressed buckets, a row each (default ring: "
+                             "auto runs exact inside a node)")
     parser.add_argument("--width", type=int, default=2048,
                         help="hidden width (4 layers, about 3 x width^2 parameters)")
     parser.add_argument("--batch", type=int, default=256)
@@ -174,12 +181,13 @@ def main(argv=None):
         if comm.rank != 0:
             continue
         if len(rows) == 1:
-            print(f"{comm.size} ranks on {r['device']}, {r['params']} parameters, algorithm "
-                  f"{args.algorithm}; vs none: the codec=None step time / this one")
-            print(f"{'optimizer':<21} {'codec':<10} {'ms/step':>9} {'vs none':>8} identical")
+            print(f"{comm.size} ranks on {r['device']}, {r['params']} parameters; "
+                  f"vs none: the codec=None step time / this one")
+            print(f"{'optimizer':<21} {'codec':<10} {'algorithm':<9} {'ms/step':>9} "
+                  f"{'vs none':>8} identical")
         vs = "" if r["vs_none"] is None else f"{r['vs_none']:.2f}"
-        print(f"{r['optimizer']:<21} {r['codec']:<10} {1e3 * r['seconds']:>9.2f} "
-              f"{vs:>8} {r['identical']}", flush=True)
+        print(f"{r['optimizer']:<21} {r['codec']:<10} {r['algorithm']:<9} "
+              f"{1e3 * r['seconds']:>9.2f} {vs:>8} {r['identical']}", flush=True)
         if args.json:  # after every row: a run stopped early keeps what it measured
             write_rows(args.json, rows)
     return 0

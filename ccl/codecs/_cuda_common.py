@@ -46,9 +46,9 @@ from numba import cuda  # noqa: E402  (after the alias numba-cuda's kernels need
 
 from . import _shared_kernels as _S
 
-__all__ = ["SIMULATOR", "launch", "device_function", "twin", "mix64", "mulhi64", "stream64",
-           "uniform_below", "mul_rn", "scatter", "LOW32", "TWO32", "empty_body", "put",
-           "zeros", "ordered_total"]
+__all__ = ["SIMULATOR", "launch", "launch_blocks", "device_function", "twin", "mix64",
+           "mulhi64", "stream64", "uniform_below", "mul_rn", "scatter", "LOW32", "TWO32",
+           "empty_body", "put", "zeros", "ordered_total"]
 
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 _THREADS = 8 if SIMULATOR else 256
@@ -66,6 +66,16 @@ def launch(be, kernel, n, *args):
     if n:
         blocks = max(1, min(_MAX_BLOCKS, (int(n) + _THREADS - 1) // _THREADS))
         kernel[blocks, _THREADS, be.stream()](*args)
+
+
+def launch_blocks(be, kernel, blocks, *args):
+    """Launch ``kernel`` with a thread block for each of ``blocks`` pieces of work (none if 0).
+
+    For kernels whose threads share a piece of work (in shared memory); they
+    loop over the pieces block-stride, so any grid size is correct.
+    """
+    if blocks:
+        kernel[max(1, min(_MAX_BLOCKS, int(blocks))), _THREADS, be.stream()](*args)
 
 
 def device_function(func):

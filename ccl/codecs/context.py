@@ -128,7 +128,7 @@ def all_finite(x):
         return True
     be = backend_of(x)
     if be.device:
-        return bool(be.xp.isfinite(x).all())
+        return be.all_finite(x)
     masks = _EXPONENT_MASKS.get(x.dtype)
     if masks is None:
         return bool(np.isfinite(x).all())

@@ -41,6 +41,57 @@ SPECS = [
 ]
 
 
+def test_thc_blocks_past_shared_memory_match_the_cpu():
+    # blocks above SHARED_BLOCK take a launch per transform stage instead of shared memory
+    from ccl.codecs.thc._cuda import SHARED_BLOCK
+
+    codec = get_codec("thc", bits=4, block=2 * SHARED_BLOCK)
+    x = _input(1009)
+    ctx = _context(codec, x)
+    cpu = codec.encode(x, ctx)
+    with simulated_device():
+        dev = codec.encode(x, ctx)
+        decoded = codec.decode(cpu, ctx)
+    assert cpu.tobytes() == dev.tobytes()
+    assert _same(decoded, codec.decode(cpu, ctx))
+
+
+def test_encode_never_writes_in_front_of_its_input():
+    # the header goes in front of a twin's own body buffer only, never into an input that
+    # happens to sit HEADER_SIZE bytes into a larger array
+    buf = np.random.default_rng(0).standard_normal(1032).astype(np.float32)
+    before = buf.copy()
+    for spec in ("none", "fp16", "onebit", {"id": "thc", "bits": 4, "block": 8}):
+        codec = get_codec(spec)
+        x = buf[8:]
+        with simulated_device():
+            payload = codec.encode(x, _context(codec, x))
+        assert np.array_equal(buf, before), spec
+        assert payload.tobytes() == codec.encode(x, _context(codec, x)).tobytes(), spec
+
+
+@pytest.mark.parametrize("case", ["normal", "ties", "zeros", "misleading sample"])
+def test_sampled_top_k_is_exact(monkeypatch, case):
+    # the device's top-k of a large input (made small here) keeps the CPU's exact choice
+    from ccl.codecs.sparse import _common, _device
+
+    monkeypatch.setattr(_device, "SAMPLED_TOP_K", 64)
+    monkeypatch.setattr(_device, "_SAMPLE", 32)
+    n = 1001
+    x = np.random.default_rng(5).standard_normal(n).astype(np.float32)
+    if case == "ties":
+        x = np.round(x * 2) / 2
+    elif case == "zeros":
+        x[np.arange(n) % 3 != 0] = 0.0
+    elif case == "misleading sample":  # the sampled elements are the largest by far
+        x[::n // 32] = 100.0
+    for k in (1, 30, 300, n - 1):
+        want = _common.top_k(x, k)
+        with simulated_device():
+            got = _common.top_k(x, k)
+        assert np.array_equal(got, want), (case, k)
+
+
 def _id(spec):
     return spec if isinstance(spec, str) else "-".join(f"{v}" for v in spec.values())
 

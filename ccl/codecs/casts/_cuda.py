@@ -4,7 +4,7 @@ import numpy as np
 from numba import cuda
 
 from .._cuda_common import empty_body, launch, zeros
-from ..device import DeviceTwin, pack
+from ..device import DeviceTwin, body_buffer, pack
 from ..header import FLAG_OVERFLOW
 
 __all__ = ["NoneTwin", "FP16Twin", "BF16Twin"]
@@ -100,7 +100,7 @@ class _HalfTwin(_CastTwin):
     @classmethod
     def encode(cls, codec, x, ctx, be):
         x32 = be.xp.ascontiguousarray(x, dtype=np.float32)
-        out = be.xp.empty(x32.size, dtype=np.uint16)
+        out = body_buffer(be, 2 * x32.size).view(np.uint16)
         flag = zeros(be)
         cls._cast(x32, out, flag, be)
         if x32.size and be.to_host(flag)[0]:

@@ -13,7 +13,7 @@ from numba import cuda
 from ...errors import PayloadError
 from .._cuda_common import TWO32, empty_body, launch, mul_rn, ordered_total, put, stream64
 from .._shared_kernels import f32_round_up
-from ..device import DeviceTwin
+from ..device import DeviceTwin, body_buffer
 from ._kernels import BLOCK
 from .codec import _SCALE
 from ..header import FLAG_OVERFLOW
@@ -101,7 +101,7 @@ class DitheringTwin(DeviceTwin):
         xp = be.xp
         n = x.size
         width = codec.code_dtype.itemsize
-        body = xp.zeros(_SCALE.size + n * width, dtype=np.uint8)
+        body = body_buffer(be, _SCALE.size + n * width)
         if n == 0:
             statistic = 0.0
         elif codec.norm == "l2":
@@ -120,6 +120,8 @@ class DitheringTwin(DeviceTwin):
                 launch(be, dither_linear, n, x, s / scale, s, seed, codes)
             else:
                 launch(be, dither_natural, n, x, 1.0 / scale, s, seed, codes)
+        else:
+            body[_SCALE.size:].fill(0)
         return body, 0
 
     @staticmethod

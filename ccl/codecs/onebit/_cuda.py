@@ -4,7 +4,7 @@ import numpy as np
 from numba import cuda
 
 from .._cuda_common import device_function, empty_body, launch, ordered_total, put
-from ..device import DeviceTwin
+from ..device import DeviceTwin, body_buffer
 from ..header import FLAG_OVERFLOW
 from ._kernels import BLOCK_BYTES, bit as _cpu_bit
 from .codec import _SCALE
@@ -23,8 +23,32 @@ def onebit_partial(x, full, block_bytes, partial):
         start = b * block_bytes
         stop = min(start + block_bytes, full)
         acc = np.float64(0.0)  # explicit: the simulator would keep a float32 sum in float32
-        for j in range(start, stop):
+        j = start
+        # Eight loads are issued before their adds: each thread's sum is one long sequential
+        # chain (the CPU's order), and the few threads there are (8 per 4 KB of bits) were
+        # waiting on one load at a time (H100: 0.94 ms of a 256 MB encode).
+        while j + 8 <= stop:
+            i = 8 * j + t
+            a0 = abs(x[i])
+            a1 = abs(x[i + 8])
+            a2 = abs(x[i + 16])
+            a3 = abs(x[i + 24])
+            a4 = abs(x[i + 32])
+            a5 = abs(x[i + 40])
+            a6 = abs(x[i + 48])
+            a7 = abs(x[i + 56])
+            acc += np.float64(a0)
+            acc += np.float64(a1)
+            acc += np.float64(a2)
+            acc += np.float64(a3)
+            acc += np.float64(a4)
+            acc += np.float64(a5)
+            acc += np.float64(a6)
+            acc += np.float64(a7)
+            j += 8
+        while j < stop:
             acc += np.float64(abs(x[8 * j + t]))
+            j += 1
         partial[w] = acc
 
 
@@ -59,7 +83,7 @@ class OneBitTwin(DeviceTwin):
         n = x.size
         full = n // 8
         nblocks = (full + BLOCK_BYTES - 1) // BLOCK_BYTES
-        body = xp.empty(_SCALE.size + (n + 7) // 8, dtype=np.uint8)
+        body = body_buffer(be, _SCALE.size + (n + 7) // 8)
         partial = xp.empty(8 * nblocks, dtype=np.float64)
         launch(be, onebit_partial, partial.size, x, full, BLOCK_BYTES, partial)
         launch(be, onebit_pack, body.size - _SCALE.size, x, body[_SCALE.size:])

@@ -10,7 +10,7 @@ from numba import cuda
 
 from .._cuda_common import empty_body, launch, put, scatter, uniform_below
 from ..context import all_finite
-from ..device import DeviceTwin
+from ..device import DeviceTwin, body_buffer
 from ..header import FLAG_OVERFLOW
 from .codec import _BODY
 
@@ -93,12 +93,11 @@ class RandomKTwin(DeviceTwin):
 
     @staticmethod
     def encode(codec, x, ctx, be):
-        xp = be.xp
         d = x.size
         k = codec.count(d)
         seed = ctx.seed(codec.seed)
         idx = randomk_indices(seed, d, k, be)
-        body = xp.empty(_BODY.size + 4 * k, dtype=np.uint8)
+        body = body_buffer(be, _BODY.size + 4 * k)
         put(be, body[:_BODY.size], codec._body_head(k, seed, d))
         values = body[_BODY.size:].view(np.float32)
         if not k:

@@ -10,13 +10,110 @@ them (``_pack_values`` and ``_unpack_values`` on cupy arrays: float32, or
 import numpy as np
 from numba import cuda
 
-from .._cuda_common import LOW32, empty_body, launch, put, scatter
+from .._cuda_common import LOW32, empty_body, launch, launch_blocks, put, scatter
 from ..context import all_finite
-from ..device import DeviceTwin
+from ..device import DeviceTwin, body_buffer
 from ..header import FLAG_OVERFLOW
 from ._common import _BODY_HEAD, BODY_HEAD_SIZE, ENC_ABSOLUTE, ENC_DENSE, VALUES_F32, _layout
 
-__all__ = ["SparseTwin"]
+__all__ = ["SparseTwin", "compact_above", "count_above"]
+
+#: Elements per thread block of the selection kernels (a multiple of the threads of a
+#: launch), and the most threads such a block has.
+CHUNK, _MAX_THREADS = 4096, 256
+
+
+@cuda.jit(device=True)
+def _chosen(v, t, inclusive):
+    a = abs(v)
+    return a > t or (inclusive and a == t)
+
+
+@cuda.jit
+def count_chunks(x, t, inclusive, counts):
+    """``counts[b]`` = how many ``|x[i]| > t`` (``>=`` if ``inclusive``) in chunk b of CHUNK."""
+    total = cuda.shared.array(1, np.int64)
+    for b in range(cuda.blockIdx.x, counts.size, cuda.gridDim.x):
+        if cuda.threadIdx.x == 0:
+            total[0] = 0
+        cuda.syncthreads()
+        c = 0
+        for i in range(b * CHUNK + cuda.threadIdx.x, min((b + 1) * CHUNK, x.size),
+                       cuda.blockDim.x):
+            if _chosen(x[i], t, inclusive):
+                c += 1
+        cuda.atomic.add(total, 0, c)
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            counts[b] = total[0]
+        cuda.syncthreads()
+
+
+@cuda.jit
+def write_chunks(x, t, inclusive, offsets, out):
+    """The chosen indices of chunk b, ascending, from ``out[offsets[b]]`` on.
+
+    Each thread counts the chosen among its run of consecutive elements; a
+    scan of the counts in shared memory (one per chunk, so few barriers)
+    gives each thread where its run's indices go.
+    """
+    scan = cuda.shared.array(_MAX_THREADS, np.int64)
+    tid = cuda.threadIdx.x
+    threads = cuda.blockDim.x
+    run = CHUNK // threads
+    for b in range(cuda.blockIdx.x, offsets.size, cuda.gridDim.x):
+        lo = b * CHUNK + tid * run
+        hi = min(lo + run, x.size)
+        c = 0
+        for i in range(lo, hi):
+            if _chosen(x[i], t, inclusive):
+                c += 1
+        scan[tid] = c
+        cuda.syncthreads()
+        d = 1
+        while d < threads:  # inclusive Hillis-Steele scan of the counts
+            v = scan[tid - d] if tid >= d else 0
+            cuda.syncthreads()
+            scan[tid] += v
+            cuda.syncthreads()
+            d *= 2
+        slot = offsets[b] + scan[tid] - c
+        for i in range(lo, hi):
+            if _chosen(x[i], t, inclusive):
+                out[slot] = i
+                slot += 1
+        cuda.syncthreads()  # every thread read the scan before the next chunk writes it
+
+
+def _chunk_counts(x, t, inclusive, be):
+    counts = be.xp.empty(-(-x.size // CHUNK), dtype=np.int64)
+    launch_blocks(be, count_chunks, counts.size, x, t, inclusive, counts)
+    return counts
+
+
+def count_above(x, t, be, inclusive=False):
+    """How many ``|x| > t`` (``>= t`` if ``inclusive``): one pass, no temporary array."""
+    if x.size == 0:
+        return 0
+    return int(_chunk_counts(x, t, inclusive, be).sum())
+
+
+def compact_above(x, t, be, inclusive=False):
+    """Ascending int64 indices of ``|x| > t`` (``>= t`` if ``inclusive``), in two passes.
+
+    ``flatnonzero(abs(x) > t)`` writes two temporaries as large as ``x`` and
+    scans 8 bytes per element; here each pass only reads ``x``.
+    """
+    xp = be.xp
+    if x.size == 0:
+        return xp.empty(0, dtype=np.int64)
+    counts = _chunk_counts(x, t, inclusive, be)
+    ends = xp.cumsum(counts)
+    total = int(ends[-1])
+    out = xp.empty(total, dtype=np.int64)
+    if total:
+        launch_blocks(be, write_chunks, counts.size, x, t, inclusive, ends - counts, out)
+    return out
 
 
 @cuda.jit
@@ -90,7 +187,7 @@ class SparseTwin(DeviceTwin):
             put(be, body[:head], _BODY_HEAD.pack(ENC_DENSE, VALUES_F32, 0, n, 0))
             body[head:].view(np.float32)[idx] = values
             return body, 0
-        body = xp.empty(head + index_bytes + codec._value_bytes(k), dtype=np.uint8)
+        body = body_buffer(be, head + index_bytes + codec._value_bytes(k))
         put(be, body[:head], _BODY_HEAD.pack(encoding, codec.value_format, 0, k, width))
         words = body[head:head + index_bytes].view(np.uint32)
         if encoding == ENC_ABSOLUTE:

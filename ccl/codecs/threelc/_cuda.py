@@ -12,7 +12,7 @@ from numba import cuda
 
 from . import _kernels as K
 from .._cuda_common import device_function, empty_body, launch, put, zeros
-from ..device import DeviceTwin
+from ..device import DeviceTwin, body_buffer
 from ..header import FLAG_OVERFLOW
 from .codec import (_ABS_MASKS, _BODY_HEADER, BODY_HEADER_SIZE, LAYOUT_FIVE_PARTITIONS,
                       _check, quartic_len, scale_for)
@@ -100,6 +100,8 @@ def _max_abs(x, be):
     """max|x| of a finite float32/float64 device array, as a Python float."""
     if x.size == 0:
         return 0.0
+    # masked_max, not a cupy.ReductionKernel: on an H100 the 256 MB encode ran at 5 GB/s
+    # with such a reduction here, and at 94 GB/s with masked_max (0.8 ms of it)
     utype, mask = _ABS_MASKS[x.dtype]
     out = zeros(be, dtype=utype)
     launch(be, masked_max, x.size, x.view(utype), mask, out)
@@ -155,7 +157,7 @@ class ThreeLCTwin(DeviceTwin):
             digits[:] = K.ZERO_BYTE
         else:
             launch(be, threelc_fold, L, x, x.dtype.type(M), L, digits)
-        body = xp.empty(BODY_HEADER_SIZE + L, dtype=np.uint8)
+        body = body_buffer(be, BODY_HEADER_SIZE + L)
         zlen = zre_encode(digits, body[BODY_HEADER_SIZE:], be)
         put(be, body[:BODY_HEADER_SIZE], _BODY_HEADER.pack(LAYOUT_FIVE_PARTITIONS, M, L, zlen))
         return body[:BODY_HEADER_SIZE + zlen], 0
