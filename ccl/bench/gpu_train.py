@@ -40,6 +40,10 @@ from ccl.bench.gpu import gpu_missing, simulator_missing, write_rows
 
 __all__ = ["measure", "main"]
 
+#: The word for ``codec=None`` (the MPI library's allreduce) in ``--codecs``: not the
+#: ``none`` codec.
+NO_CODEC = "none"
+
 
 def _device(comm, simulate):
     """The torch device to train on, and the context the run happens in."""
@@ -117,17 +121,17 @@ def measure(comm, args):
 
     device, context = _device(comm, args.simulate)
     algorithms = args.algorithm if isinstance(args.algorithm, list) else [args.algorithm]
-    configs = [("DistributedOptimizer", "none", None)] if "none" in args.codecs else []
+    configs = [("DistributedOptimizer", NO_CODEC, None)] if NO_CODEC in args.codecs else []
     configs += [(kind, c, a) for a in algorithms
                 for kind, codecs in (("DistributedOptimizer", args.codecs),
                                      ("CompressedAdam", args.adam_codecs))
-                for c in codecs if c != "none"]
+                for c in codecs if c != NO_CODEC]
     ct.init(comm)
     base = None
     try:
         with context:
             for kind, name, algorithm in configs:
-                codec = None if name == "none" else (
+                codec = None if name == NO_CODEC else (
                     json.loads(name) if name.startswith("{") else name)
                 seconds, params, identical = _run(comm, kind, codec, algorithm, device, args)
                 if kind == "DistributedOptimizer" and codec is None:
