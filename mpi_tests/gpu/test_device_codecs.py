@@ -73,10 +73,10 @@ def test_encode_never_writes_in_front_of_its_input():
 @pytest.mark.parametrize("case", ["normal", "ties", "zeros", "misleading sample"])
 def test_sampled_top_k_is_exact(monkeypatch, case):
     # the device's top-k of a large input (made small here) keeps the CPU's exact choice
-    from ccl.codecs.sparse import _common, _device
+    from ccl.codecs.sparse import _common, _cuda
 
-    monkeypatch.setattr(_device, "SAMPLED_TOP_K", 64)
-    monkeypatch.setattr(_device, "_SAMPLE", 32)
+    monkeypatch.setattr(_cuda, "SAMPLED_TOP_K", 64)
+    monkeypatch.setattr(_cuda, "_SAMPLE", 32)
     n = 1001
     x = np.random.default_rng(5).standard_normal(n).astype(np.float32)
     if case == "ties":

@@ -17,8 +17,8 @@ None is homomorphic (the union of two supports grows), so the collectives
 allgather the payloads by default. Payload sizes vary with the data.
 
 The family's private modules: ``_common.py`` (the wire format, decoding in
-:class:`SparseCodec` and the selection helpers), ``_kernels.py`` (numba),
-``_device.py`` (device selections) and ``_cuda.py`` (the device twin).
+:class:`SparseCodec` and the selection helpers), ``_kernels.py`` (numba)
+and ``_cuda.py`` (the device twin, device selections included).
 """
 
 from ._common import SparseCodec, target_count

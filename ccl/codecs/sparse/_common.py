@@ -4,7 +4,7 @@ Each sparsifier (:mod:`.topk`, :mod:`.sidco`, :mod:`.sparseloco`) sends a
 few (index, value) pairs per chunk and differs only in how it chooses the
 indices; :class:`SparseCodec` writes and reads the pairs. The selection
 helpers (:func:`top_k`, :func:`select_above`, ...) run the kernels of
-:mod:`._kernels` on the host, or their device versions in :mod:`._device`.
+:mod:`._kernels` on the host, or their device versions in :mod:`._cuda`.
 This module is private to the sparse family.
 
 Body layout (after the 32-byte header, little-endian; see
@@ -69,9 +69,9 @@ def device_ops(x):
     """The device twins of the selection kernels when ``x`` is a device array, else None."""
     if not backend_of(x).device:
         return None
-    from . import _device
+    from ..device import twin_for  # loads the twin's module, and numba.cuda, only now
 
-    return _device.OPS
+    return twin_for(SparseCodec).ops
 
 
 def count_above(x, t):

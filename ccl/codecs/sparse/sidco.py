@@ -88,7 +88,7 @@ def gamma_threshold(mean, mean_log, delta):
 
 
 class _HostFit:
-    """The statistics a SIDCo fit reads, by the numba kernels (``_device`` on a GPU)."""
+    """The statistics a SIDCo fit reads, by the numba kernels (``_cuda.OPS`` on a GPU)."""
 
     @staticmethod
     def moments(x):
