@@ -232,12 +232,13 @@ class FSDPState:
             cross = world.Split(members.index(self.rank), key=self.rank)
             self.engine.children += [shard, cross]
         # exact: inside a replica (HSDP), and the parameters too small to compress
-        exact = communicator(shard, "none", "ring")
         if cross is None:
             grads = communicator(shard, codec, algorithm, feedback=True)
+            exact = communicator(shard, "none", "ring")
             cross_comm = exact_cross = None
         else:
             grads = None
+            exact = communicator(shard, "none", "ring")
             cross_comm = communicator(cross, codec, algorithm, feedback=True)
             exact_cross = communicator(cross, "none", "auto")
         gather = None
@@ -287,15 +288,18 @@ class FSDPState:
             The entries of :mod:`ccl.torch.checkpoint` (``layout``: the FSDP
             modules' names; ``communicators``: the residuals of each
             communicator that keeps them, as tensors, so that
-            ``torch.load(..., weights_only=True)`` reads it) and ``gathers``
+            ``torch.load(..., weights_only=True)`` reads it), ``gathers``
             (the weight all-gathers run so far, per communicator: they seed
             the weights codec's randomness, so a restored run rounds the
-            weights as the original run did).
+            weights as the original run did) and ``per_parameter`` (each
+            parameter reduced by a call of its own, under its own key; a
+            state without it continues with one call per module).
         """
         return checkpoint.save(_OWNER, rank=self.rank, size=self.size,
                                layout=list(self.modules), steps=None,
                                communicators=[c.state_dict() for c in self._keyed],
-                               gathers=[channel(c.comm).calls for c in self._gathers])
+                               gathers=[channel(c.comm).calls for c in self._gathers],
+                               per_parameter=all(p.split for p in self._parameters))
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` output, before training goes on.
@@ -329,6 +333,10 @@ class FSDPState:
             raise ValueError(f"this state was saved with {len(gathers)} weight all-gathers' "
                              f"communicators, these modules have {len(self._gathers)}")
         own = checkpoint.owns(entry, self.rank, self.size)
+        # States saved before ccl reduced each parameter with a call of its own (no
+        # "per_parameter") go on as they were saved: one call, one key per module.
+        for parameters in self._parameters:
+            parameters.split = bool(entry.get("per_parameter", False))
         for c, calls in zip(self._gathers, gathers, strict=True):  # the same on every rank
             channel(c.comm).resume_calls(calls)
         for c, saved in zip(self._keyed, entry["communicators"], strict=True):
