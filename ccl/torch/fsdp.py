@@ -223,7 +223,7 @@ class FSDPState:
         self._communicators, self._keyed = made, keyed
 
     def _comms(self, world, members, communicator, codec, weights, algorithm):
-        """The communicators of one shard group: gradients, exact, across replicas (codec, exact), weights."""
+        """One shard group's communicators: gradients, exact, across replicas, exact across, weights."""
         if len(members) == self.size:
             shard, cross = world, None
         else:
