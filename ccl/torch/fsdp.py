@@ -223,7 +223,7 @@ class FSDPState:
         self._communicators, self._keyed = made, keyed
 
     def _comms(self, world, members, communicator, codec, weights, algorithm):
-        """One shard group's communicators: gradients, exact, across replicas, exact across, weights."""
+        """One shard group's communicators: gradients, exact, across replicas (two), weights."""
         if len(members) == self.size:
             shard, cross = world, None
         else:
