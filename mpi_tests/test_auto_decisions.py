@@ -41,6 +41,7 @@ def test_shared_memory_sends_floats_exactly_at_every_size(codec):
 def test_every_decision_has_a_documented_reason():
     cases = [
         (("3lc", 1 << 26, 4, np.float32, "reduce_scatter", 1.0), ("direct", "reduce_scatter")),
+        (("thc", 1 << 26, 4, np.float32, "reduce_scatter", 1.0), ("direct", "reduce_scatter")),
         (("3lc", 1 << 26, 1, np.float32, "allreduce", 1.0), ("mpi", "one rank")),
         (("none", 1 << 26, 4, np.float32, "allreduce", 1.0), ("mpi", "no codec")),
         (("3lc", 1024, 4, np.float32, "allreduce", 1.0), ("mpi", "small")),

@@ -96,6 +96,24 @@ def test_reduce_scatter_returns_this_ranks_block(comm, codec, algorithm):
         np.testing.assert_allclose(block, expected, atol=TOLERANCE[codec] * comm.size * 4)
 
 
+def test_auto_reduce_scatter_sends_each_chunk_once_at_the_codecs_width(comm):
+    # a ring widens THC's lanes at every hop; auto's direct sends each chunk to its owner
+    # at the encoded width: never more bytes than the ring, fewer from 3 ranks on
+    x = rank_input(comm.rank, 1 << 16)
+    sent = {}
+    for algorithm in ("ring", "auto"):
+        c = ccl.Communicator(comm, "thc", algorithm=algorithm)
+        block = c.reduce_scatter(x)
+        expected = np.array_split(exact_sum(comm.size, x.size), comm.size)[comm.rank]
+        assert block.shape == expected.shape
+        sent[algorithm] = comm.allreduce(c.stats()["bytes_sent"], op=MPI.MAX)
+    if comm.size > 1:
+        assert dict(c.stats()["algorithms"]) == {"direct": 1}
+    assert sent["auto"] <= sent["ring"]
+    if comm.size >= 3:
+        assert sent["auto"] < sent["ring"]
+
+
 def test_reduce_scatter_rejects_tree(comm):
     with pytest.raises(ValueError, match="reduce_scatter supports"):
         ccl.reduce_scatter(np.ones(8, np.float32), "none", comm=comm, algorithm="tree")

@@ -196,13 +196,59 @@ def test_error_feedback_conserves_what_was_put_in(comm, hvd):
         # FSDP's padding rows carry nothing in and are dropped from what comes out
         real = _flat_layout([torch.ones_like(block.weight.grad.full_tensor()),
                              torch.ones_like(block.bias.grad.full_tensor())], comm.size) > 0
-        entry = feedback.get(f"blocks.{i}")  # none on one rank: FSDP calls no collective
-        held = np.zeros(delivered.size) if entry is None else entry.held(delivered.size)
+        # each parameter has its residuals under its own key, over its ranks x columns
+        held = []
+        for name, grad in (("weight", block.weight.grad), ("bias", block.bias.grad)):
+            width = _flat_layout([grad.full_tensor()], comm.size).size // comm.size
+            entry = feedback.get(f"blocks.{i}/blocks.{i}.{name}")  # none on one rank
+            part = np.zeros(comm.size * width) if entry is None else entry.held(
+                comm.size * width)
+            held.append(part.reshape(comm.size, width))
+        held = np.concatenate(held, axis=1).reshape(-1)
         held = comm.allreduce(held, op=MPI.SUM) / comm.size
         np.testing.assert_allclose((delivered + held)[real], put_in[i][real], atol=2e-5)
         lossy = max(lossy, float(np.abs(held[real]).max()))
     if comm.size > 1:
         assert lossy > 1e-4  # thc is lossy: the residuals really hold something
+
+
+class TwoScales(torch.nn.Module):
+    """One FSDP module whose bias gets gradients 10^4 times smaller than its weight's."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(64, 32))
+        self.bias = torch.nn.Parameter(torch.zeros(64))
+
+    def forward(self, x):
+        return x @ self.weight.t() + 1e-4 * self.bias
+
+
+def _bias_gradient_error(comm, per_parameter):
+    """Relative error of the bias's reduced gradient under THC, against the exact mean."""
+    torch.manual_seed(0)
+    model = TwoScales()
+    plain = copy.deepcopy(model)
+    fsdp.fully_shard(model)
+    state = ct.fsdp_compress(model, codec="thc", **COMPRESS)
+    saved = state.state_dict()
+    saved["per_parameter"] = per_parameter  # False: as states saved before the split
+    state.load_state_dict(saved)
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(comm.rank))
+    (model(x) ** 2).mean().backward()
+    (plain(x) ** 2).mean().backward()
+    exact = comm.allreduce(plain.bias.grad.double().numpy(), op=MPI.SUM) / comm.size
+    got = model.bias.grad.full_tensor().double().numpy()
+    return float(np.linalg.norm(got - exact) / np.linalg.norm(exact))
+
+
+def test_each_parameter_is_compressed_at_its_own_scale(comm, hvd):
+    if comm.size == 1:
+        pytest.skip("one rank: FSDP reduces nothing")
+    own = _bias_gradient_error(comm, per_parameter=True)
+    shared = _bias_gradient_error(comm, per_parameter=False)
+    # under the weight's scale the bias's gradient is lost in the rounding
+    assert own < 0.5 and shared > 20 * own, (own, shared)
 
 
 @pytest.mark.parametrize("weights", [None, "thc"])
@@ -283,7 +329,8 @@ def test_hsdp_exact_inside_replicas_compressed_across(comm, hvd):
     assert_same_on_all_ranks(comm, full(lossy))
     keys = sorted(state.state_dict()["communicators"][0]["feedback"])
     shard = comm.rank % (comm.size // 2)
-    assert keys == [f"blocks.{i} shard {shard} of {comm.size // 2}" for i in range(3)]
+    assert keys == [f"blocks.{i} shard {shard} of {comm.size // 2}/blocks.{i}.{name}"
+                    for i in range(3) for name in ("bias", "weight")]
 
 
 def test_state_not_kept_by_the_caller_lives_as_long_as_the_model(comm, hvd):

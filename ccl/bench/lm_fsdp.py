@@ -67,9 +67,6 @@ def _row(comm, spec, data, args, make_model, train):
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     import ccl.torch as ct
-    from ccl.collectives import REDUCE_SCATTER
-    from ccl.collectives.auto import fitting
-    from ccl.codecs import get_codec
 
     model = make_model(args)
     reshard = bool(args.reshard_after_forward)
@@ -80,10 +77,8 @@ def _row(comm, spec, data, args, make_model, train):
     fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
     codec, weights = (spec.split("+") + [None])[:2] if spec else (None, None)
     state = None
-    if spec is not None:
-        algorithm = fitting(get_codec(codec))
+    if spec is not None:  # the default algorithm, auto
         state = ct.fsdp_compress(model, codec=codec, all_gather_codec=weights,
-                                 algorithm=algorithm if algorithm in REDUCE_SCATTER else "auto",
                                  min_compress_bytes=args.min_compress_bytes)
     for m in fsdp_modules:  # what ccl does not send, FSDP sends: counted
         if spec is None:

@@ -308,7 +308,9 @@ def needs_link(codec, nbytes, size, dtype, collective="allreduce"):
 
 #: Why :func:`decide` picked what it did (``Communicator.stats()["decisions"]`` counts them).
 REASONS = {
-    "reduce_scatter": "a reduce-scatter is always compressed",
+    "reduce_scatter": "a reduce-scatter is always compressed, direct: each chunk crosses one "
+                      "link to its owner at the codec's own width (a ring widens homomorphic "
+                      "lanes and re-encodes other codecs at every hop)",
     "one rank": "one rank: nothing to send",
     "no codec": "the codec is the identity: nothing to compress",
     "small": "below MIN_COMPRESS_BYTES per rank: latency, not bandwidth, costs",
@@ -351,7 +353,7 @@ def decide(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
     ('mpi', 'small')
     """
     if collective == "reduce_scatter":
-        return Decision("ring" if codec.homomorphic else "direct", "reduce_scatter", None)
+        return Decision("direct", "reduce_scatter", None)
     dtype = np.dtype(dtype)
     reason, times = "dtype", None
     if dtype in (np.dtype(np.float32), np.dtype(np.float64)):  # MPI can reduce it

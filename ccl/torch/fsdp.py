@@ -183,6 +183,7 @@ class FSDPState:
         self.hsdp = False
         comms, made, keyed = {}, [], []
         self._gathers = []  # the weights' communicators
+        self._parameters = []  # where each module's parameters lie in its shard
 
         def communicator(comm, codec_, algorithm_, feedback=False):
             c = Communicator(comm, codec_, algorithm=algorithm_, op="mean", **options)
@@ -199,25 +200,30 @@ class FSDPState:
             if members not in comms:  # the same group as an earlier unit on every rank
                 comms[members] = self._comms(world, members, communicator, codec, weights,
                                              algorithm)
-            grads, exact_rs, cross, gather = comms[members]
+            grads, exact_rs, cross, exact_cross, gather = comms[members]
             self.modules.append(name)
             module.set_force_sum_reduction_for_comms(True)
             module.set_gradient_divide_factor(1.0)
             if cross is None:
-                module.set_custom_reduce_scatter(CclReduceScatter(name, grads, self.tally, name))
+                reduce = CclReduceScatter(name, grads, self.tally, name, group, exact_rs)
+                self._parameters.append(reduce.parameters)
+                module.set_custom_reduce_scatter(reduce)
             else:
                 self.hsdp = True
                 shard = members.index(self.rank)
                 module.set_custom_reduce_scatter(CclReduceScatter(name, exact_rs, self.tally,
                                                                   None))
-                module.set_all_reduce_hook(CclAllReduceHook(
-                    name, cross, self.tally, f"{name} shard {shard} of {len(members)}"))
+                hook = CclAllReduceHook(name, cross, self.tally,
+                                        f"{name} shard {shard} of {len(members)}", group,
+                                        exact_cross)
+                self._parameters.append(hook.parameters)
+                module.set_all_reduce_hook(hook)
             if gather is not None:
                 module.set_custom_all_gather(CclAllGather(name, gather, self.tally))
         self._communicators, self._keyed = made, keyed
 
     def _comms(self, world, members, communicator, codec, weights, algorithm):
-        """The communicators of one shard group: gradients, exact, cross-replica, weights."""
+        """One shard group's communicators: gradients, exact, across replicas (two), weights."""
         if len(members) == self.size:
             shard, cross = world, None
         else:
@@ -225,13 +231,16 @@ class FSDPState:
             shard = world.Split(min(members), key=self.rank)
             cross = world.Split(members.index(self.rank), key=self.rank)
             self.engine.children += [shard, cross]
+        # exact: inside a replica (HSDP), and the parameters too small to compress
         if cross is None:
-            grads, exact = communicator(shard, codec, algorithm, feedback=True), None
-            cross_comm = None
+            grads = communicator(shard, codec, algorithm, feedback=True)
+            exact = communicator(shard, "none", "ring")
+            cross_comm = exact_cross = None
         else:
             grads = None
             exact = communicator(shard, "none", "ring")
             cross_comm = communicator(cross, codec, algorithm, feedback=True)
+            exact_cross = communicator(cross, "none", "auto")
         gather = None
         if weights is not None:
             # a communicator of its own: its call count seeds the codec's randomness (no
@@ -239,7 +248,7 @@ class FSDPState:
             gather = communicator(shard.Dup(), weights, "auto")
             self.engine.children.append(gather.comm)
             self._gathers.append(gather)
-        return grads, exact, cross_comm, gather
+        return grads, exact, cross_comm, exact_cross, gather
 
     @property
     def communicators(self) -> list[Communicator]:
@@ -279,15 +288,18 @@ class FSDPState:
             The entries of :mod:`ccl.torch.checkpoint` (``layout``: the FSDP
             modules' names; ``communicators``: the residuals of each
             communicator that keeps them, as tensors, so that
-            ``torch.load(..., weights_only=True)`` reads it) and ``gathers``
+            ``torch.load(..., weights_only=True)`` reads it), ``gathers``
             (the weight all-gathers run so far, per communicator: they seed
             the weights codec's randomness, so a restored run rounds the
-            weights as the original run did).
+            weights as the original run did) and ``per_parameter`` (each
+            parameter reduced by a call of its own, under its own key; a
+            state without it continues with one call per module).
         """
         return checkpoint.save(_OWNER, rank=self.rank, size=self.size,
                                layout=list(self.modules), steps=None,
                                communicators=[c.state_dict() for c in self._keyed],
-                               gathers=[channel(c.comm).calls for c in self._gathers])
+                               gathers=[channel(c.comm).calls for c in self._gathers],
+                               per_parameter=all(p.split for p in self._parameters))
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` output, before training goes on.
@@ -321,6 +333,10 @@ class FSDPState:
             raise ValueError(f"this state was saved with {len(gathers)} weight all-gathers' "
                              f"communicators, these modules have {len(self._gathers)}")
         own = checkpoint.owns(entry, self.rank, self.size)
+        # States saved before ccl reduced each parameter with a call of its own (no
+        # "per_parameter") go on as they were saved: one call, one key per module.
+        for parameters in self._parameters:
+            parameters.split = bool(entry.get("per_parameter", False))
         for c, calls in zip(self._gathers, gathers, strict=True):  # the same on every rank
             channel(c.comm).resume_calls(calls)
         for c, saved in zip(self._keyed, entry["communicators"], strict=True):

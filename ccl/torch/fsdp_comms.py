@@ -10,17 +10,28 @@ collectives in the same order, so ccl's calls pair up the same way).
 
 numpy has no ``bfloat16``: gradients and weights in a 16-bit float are
 widened to float32 for ccl and narrowed again into FSDP's buffer.
+
+**One scale per parameter.** A codec's scale (THC's norm, 1-bit's means,
+3LC's maximum) spans what one call compresses, and one FSDP module's flat
+gradients mix tensors whose magnitudes differ by orders (a LayerNorm gain
+beside an attention weight): under one scale the small ones drown in the
+large ones' rounding, and Adam, which divides each coordinate by its own
+magnitude, turns that rounding into full-sized steps. So each parameter
+large enough to compress is reduced by a call of its own, with its own
+error-feedback key, and the small ones together, exactly
+(:class:`Parameters`).
 """
 
 import collections
 
+import numpy as np
 import torch
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from .buckets import work_dtype
 from .functions import from_array, to_array
 
-__all__ = ["Tally", "CclReduceScatter", "CclAllGather", "CclAllReduceHook"]
+__all__ = ["Tally", "Parameters", "CclReduceScatter", "CclAllGather", "CclAllReduceHook"]
 
 
 class Tally:
@@ -38,13 +49,16 @@ class Tally:
         self.modules = collections.defaultdict(lambda: dict.fromkeys(self.what, 0))
         self.calls = collections.Counter()
 
-    def run(self, name, collective, communicator, call):
-        """Run ``call()`` and charge what ``communicator`` sent meanwhile to ``name``."""
-        before = communicator.stats()["bytes_sent"]
+    def run(self, name, collective, communicators, call):
+        """Run ``call()`` and charge what ``communicators`` sent meanwhile to ``name``."""
+        def sent():
+            return sum(c.stats()["bytes_sent"] for c in communicators if c is not None)
+
+        before = sent()
         try:
             return call()
         finally:
-            self.modules[name][collective] += communicator.stats()["bytes_sent"] - before
+            self.modules[name][collective] += sent() - before
             self.calls[collective] += 1
 
     def totals(self):
@@ -54,6 +68,75 @@ class Tally:
             for collective, sent in counts.items():
                 totals[collective] += sent
         return totals
+
+
+class Parameters:
+    """Where each parameter of one FSDP module lies in a shard of its gradients.
+
+    FSDP2 pads each parameter's gradient along dimension 0 to a multiple of
+    the group's size, cuts it into that many chunks and writes chunk ``r``
+    of every parameter, in parameter order, into row ``r`` of the flat
+    reduce-scatter input: a shard is the parameters' chunks side by side.
+
+    Parameters
+    ----------
+    group : FSDPParamGroup or None
+        The module's parameter group (None: one part, the module's).
+    key : str or None
+        The module's error-feedback key; a parameter's is ``key/qualified name``.
+    """
+
+    def __init__(self, group, key):
+        self.group, self.key = group, key
+        self.split = True  # False: the whole shard in one call (checkpoints from before)
+
+    def parts(self, width, rows, itemsize, min_compress_bytes):
+        """The shard's columns as ``[(start, stop, key)]``, in order; ``key`` None: exact.
+
+        A parameter whose reduction is smaller than ``min_compress_bytes``
+        (``rows`` ranks x its columns) is reduced exactly, with the other
+        small ones. Where the parameters do not add up to ``width`` (a
+        parameter without a gradient this step, a layout this does not
+        know), or the split is off, the shard is one part.
+        """
+        whole = [(0, width, self.key)]
+        if not self.split or self.key is None or self.group is None:
+            return whole
+        sizes = [(fsdp_param._param_fqn or str(i), fsdp_param.padded_sharded_param_size.numel())
+                 for i, fsdp_param in enumerate(self.group.fsdp_params)
+                 if fsdp_param.sharded_param.requires_grad]
+        if len(sizes) < 2 or sum(n for _, n in sizes) != width:
+            return whole
+        parts, start = [], 0
+        for name, n in sizes:
+            small = rows * n * itemsize < (min_compress_bytes or 0)
+            parts.append((start, start + n, None if small else f"{self.key}/{name}"))
+            start += n
+        return parts
+
+
+def _by_parts(x, parts, compressed, exact):
+    """Reduce the columns of ``x`` (ranks x width) part by part: one call per keyed part.
+
+    ``compressed(flat, key)`` and ``exact(flat)`` reduce a flat ``ranks x
+    columns`` array to this rank's ``columns`` values; the unkeyed parts go
+    through ``exact`` in one call. Every rank makes the same calls in the
+    same order (the parts are the same everywhere).
+    """
+    if len(parts) == 1:  # the module's shard whole, under the module's key (or None)
+        return compressed(x.reshape(-1), parts[0][2])
+    out = np.empty(x.shape[1], x.dtype)
+    for start, stop, key in parts:
+        if key is not None:
+            out[start:stop] = compressed(np.ascontiguousarray(x[:, start:stop]).reshape(-1), key)
+    small = [(start, stop) for start, stop, key in parts if key is None]
+    if small:
+        joined = exact(np.concatenate([x[:, a:b] for a, b in small], axis=1).reshape(-1))
+        at = 0
+        for a, b in small:
+            out[a:b] = joined[at:at + b - a]
+            at += b - a
+    return out
 
 
 def _work(tensor):
@@ -98,10 +181,15 @@ class CclReduceScatter(ReduceScatter):
     tally : Tally
     key : str or None
         Error-feedback key (None: no residuals, for exact reductions).
+    group : FSDPParamGroup or None
+        The module's parameters (:class:`Parameters`; None: one call per module).
+    exact : ccl.Communicator or None
+        Over the same ranks, no codec: the parameters too small to compress.
     """
 
-    def __init__(self, name, communicator, tally, key):
+    def __init__(self, name, communicator, tally, key, group=None, exact=None):
         self.name, self.communicator, self.tally, self.key = name, communicator, tally, key
+        self.parameters, self.exact = Parameters(group, key), exact
 
     def allocate(self, size, *, dtype, device):
         """A plain buffer, as FSDP's default comm allocates."""
@@ -116,9 +204,15 @@ class CclReduceScatter(ReduceScatter):
         if input_tensor.numel() != output_tensor.numel() * self.communicator.size:
             raise RuntimeError(f"reduce-scatter of {input_tensor.numel()} values into shards of "
                                f"{output_tensor.numel()} on {self.communicator.size} ranks")
-        x = _work(input_tensor)
-        block = self.tally.run(self.name, "reduce_scatter", self.communicator,
-                               lambda: self.communicator.reduce_scatter(x, key=self.key))
+        x = _work(input_tensor).reshape(self.communicator.size, -1)
+        parts = self.parameters.parts(x.shape[1], x.shape[0], x.itemsize,
+                                      self.communicator.min_compress_bytes)
+        block = self.tally.run(self.name, "reduce_scatter", (self.communicator, self.exact),
+                               lambda: _by_parts(
+                                   x, parts,
+                                   lambda flat, key: self.communicator.reduce_scatter(flat,
+                                                                                      key=key),
+                                   lambda flat: self.exact.reduce_scatter(flat)))
         _write(output_tensor, block)
         return None  # done: FSDP waits for nothing
 
@@ -154,7 +248,7 @@ class CclAllGather(AllGather):
             raise RuntimeError(f"all-gather of {input_tensor.numel()} values into "
                                f"{output_tensor.numel()} on {self.communicator.size} ranks")
         x = _work(input_tensor)
-        full = self.tally.run(self.name, "all_gather", self.communicator,
+        full = self.tally.run(self.name, "all_gather", (self.communicator,),
                               lambda: self.communicator.allgather(x))
         _write(output_tensor, full)
         return None
@@ -175,14 +269,24 @@ class CclAllReduceHook:
     tally : Tally
     key : str or None
         Error-feedback key (None: no residuals).
+    group : FSDPParamGroup or None
+        The module's parameters (:class:`Parameters`; None: one call per module).
+    exact : ccl.Communicator or None
+        Over the same ranks, no codec: the parameters too small to compress.
     """
 
-    def __init__(self, name, communicator, tally, key):
+    def __init__(self, name, communicator, tally, key, group=None, exact=None):
         self.name, self.communicator, self.tally, self.key = name, communicator, tally, key
+        self.parameters, self.exact = Parameters(group, key), exact
 
     def __call__(self, reduce_output):
         """Average ``reduce_output`` over the replicas, in place."""
-        x = _work(reduce_output)
-        mean = self.tally.run(self.name, "all_reduce", self.communicator,
-                              lambda: self.communicator.allreduce(x, key=self.key))
+        x = _work(reduce_output).reshape(1, -1)
+        parts = self.parameters.parts(x.shape[1], 1, x.itemsize,
+                                      self.communicator.min_compress_bytes)
+        mean = self.tally.run(self.name, "all_reduce", (self.communicator, self.exact),
+                              lambda: _by_parts(
+                                  x, parts,
+                                  lambda flat, key: self.communicator.allreduce(flat, key=key),
+                                  lambda flat: self.exact.allreduce(flat)))
         _write(reduce_output, mean)
