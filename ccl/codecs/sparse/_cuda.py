@@ -175,8 +175,6 @@ def check_absolute(idx, n, first_error):
 SAMPLED_TOP_K = 1 << 18
 _SAMPLE = 1 << 14
 
-__all__ = ["SparseOps", "OPS"]
-
 
 class SparseOps:
     """The device twins of ``sparse``'s selection kernels and of ``_HostFit``."""

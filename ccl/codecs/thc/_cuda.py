@@ -36,15 +36,25 @@ def _flips(sign_seed, block, i):
     return (word >> np.uint64(k & 63)) & np.uint64(1)
 
 
+@cuda.jit(device=True)
+def _signed(v, sign_seed, block, i):
+    # xi_i * v: the rotation's sign step (forward and inverse alike)
+    return -v if _flips(sign_seed, block, i) else v
+
+
+@cuda.jit(device=True)
+def _filled(x, n, factor, sign_seed, block, i):
+    # xi_i * float32(x[i] * factor) for i < n, zero padding after
+    if i < n:
+        return _signed(np.float32(np.float64(x[i]) * factor), sign_seed, block, i)
+    return np.float32(0.0)
+
+
 @cuda.jit
 def thc_fill(x, n, factor, sign_seed, block, out):
     """``out[i] = xi_i * float32(x[i] * factor)`` for i < n, zero padding after."""
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        if i < n:
-            v = np.float32(np.float64(x[i]) * factor)
-            out[i] = -v if _flips(sign_seed, block, i) else v
-        else:
-            out[i] = np.float32(0.0)
+        out[i] = _filled(x, n, factor, sign_seed, block, i)
 
 
 @cuda.jit
@@ -106,13 +116,7 @@ def thc_encode_shared(x, n, factor, sign_seed, block, tile, half, top, round_see
         base = piece * tile
         length = min(tile, idx.size - base)
         for k in range(cuda.threadIdx.x, length, cuda.blockDim.x):
-            i = base + k
-            v = np.float32(0.0)
-            if i < n:
-                v = np.float32(np.float64(x[i]) * factor)
-                if _flips(sign_seed, block, i):
-                    v = -v
-            buf[k] = v
+            buf[k] = _filled(x, n, factor, sign_seed, block, base + k)
         cuda.syncthreads()
         _fwht_shared(buf, block, length)
         for k in range(cuda.threadIdx.x, length, cuda.blockDim.x):
@@ -156,15 +160,20 @@ def _lane(data, width, bits, levels, k):
     return lane
 
 
+@cuda.jit(device=True)
+def _unrotated(data, width, bits, values, levels, offset, scale, k):
+    # value k before the inverse rotation: values[index] (packed) or (lane - offset) * scale
+    if width == 0:
+        return values[_index_of(data, bits, k)]
+    lane = _lane(data, width, bits, levels, k)
+    return np.float32((np.float64(lane) - offset) * scale)
+
+
 @cuda.jit
 def thc_unrotated(data, width, bits, values, levels, offset, scale, out):
     """Pre-rotation values: ``values[index]`` (packed) or ``(lane - offset) * scale`` (lanes)."""
     for k in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        if width == 0:
-            out[k] = values[_index_of(data, bits, k)]
-        else:
-            lane = _lane(data, width, bits, levels, k)
-            out[k] = np.float32((np.float64(lane) - offset) * scale)
+        out[k] = _unrotated(data, width, bits, values, levels, offset, scale, k)
 
 
 @cuda.jit
@@ -177,18 +186,12 @@ def thc_decode_shared(data, width, bits, values, levels, offset, scale, n, sign_
         base = piece * tile
         length = min(tile, padded - base)
         for k in range(cuda.threadIdx.x, length, cuda.blockDim.x):
-            if width == 0:
-                buf[k] = values[_index_of(data, bits, base + k)]
-            else:
-                lane = _lane(data, width, bits, levels, base + k)
-                buf[k] = np.float32((np.float64(lane) - offset) * scale)
+            buf[k] = _unrotated(data, width, bits, values, levels, offset, scale, base + k)
         cuda.syncthreads()
         _fwht_shared(buf, block, length)
         for k in range(cuda.threadIdx.x, length, cuda.blockDim.x):
-            i = base + k
-            if i < n:
-                v = buf[k]
-                out[i] = -v if _flips(sign_seed, block, i) else v
+            if base + k < n:
+                out[base + k] = _signed(buf[k], sign_seed, block, base + k)
         cuda.syncthreads()
 
 
@@ -196,8 +199,7 @@ def thc_decode_shared(data, width, bits, values, levels, offset, scale, n, sign_
 def thc_emit(rot, n, sign_seed, block, out):
     """``out[i] = xi_i * rot[i]`` for i < n (the inverse rotation's sign step)."""
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
-        v = rot[i]
-        out[i] = -v if _flips(sign_seed, block, i) else v
+        out[i] = _signed(rot[i], sign_seed, block, i)
 
 
 @cuda.jit
