@@ -187,10 +187,12 @@ def probe_latency(comm, wait=None):
     round lasts as long as its slowest rank, and the fastest round is the
     answer (the same statistic as :func:`probe_link_gbps`): the library's
     point-to-point latency, which a compressing algorithm pays per
-    sequential step of messages beyond their bytes. It does not see what
-    ranks that share cores pay on top (a step waits for its neighbour to be
-    scheduled, up to milliseconds), since the barrier wakes every rank
-    first. Collective.
+    sequential step of messages beyond their bytes. ccl times it with the
+    waits its collectives use (:func:`ccl.collectives.link.profile`), which
+    yield the core between tests: a wait that spins instead holds up a
+    neighbour that shares its core for a scheduler time slice, and measured
+    3.9 and 7.5 ms a step on 3 and 4 emulated hosts on 2 cores, where the
+    yielding waits measured 0.06 ms. Collective.
 
     Parameters
     ----------

@@ -262,9 +262,9 @@ def _codec_speeds(channel, codec):
 
 
 def _latency(channel):
-    # its waits honour the call's timeout
-    return channel.measured.latency(
-        lambda: auto.probe_latency(channel.comm, wait=channel.wait_spinning))
+    # timed with the waits the collectives use (test, yield the core): a step of theirs
+    # pays that, not what a spinning wait pays where ranks share cores (a time slice, ms)
+    return channel.measured.latency(lambda: auto.probe_latency(channel.comm, wait=channel.wait))
 
 
 def _link(channel):
