@@ -105,10 +105,13 @@ def probe_link(comm, rounds=None, wait=None):
     round lasts as long as its slowest rank, and the *fastest* round counts:
     other work on the machine, or a rank not yet scheduled, only ever adds
     time, so the minimum is the statistic that repeats from run to run. The
-    time converts to Gbit/s with the ring bound ``2 (p-1)/p · n``. That is
-    what ``auto`` competes with: the MPI library's own allreduce on these
-    links. On a 1 Gbit/s network it settles on 4 MB, in about half a second;
-    at 100 Mbit/s it takes a few seconds.
+    time converts to Gbit/s with the bytes the busiest link carries
+    (:func:`~ccl.collectives.model.mpi_sent_bytes`: the ring bound ``2
+    (p-1)/p · n``, or MPICH's algorithm where ``p`` is not a power of two),
+    so that it is the links' speed, which ccl's algorithms run at too, while
+    ``MPI_Allreduce`` is predicted as fast as it ran. On a 1 Gbit/s network
+    it settles on 4 MB, in about half a second; at 100 Mbit/s it takes a
+    few seconds.
     Collective: every rank must call it.
 
     Parameters
@@ -155,7 +158,7 @@ def probe_link(comm, rounds=None, wait=None):
         n = min(n * PROBE_GROWTH, x.size)
     slowest = timed(rounds)
     best = max(float(slowest.min()), 1e-9)
-    return 2 * (p - 1) / p * n * 4 * 8 / best / 1e9, float(slowest.max()) / best
+    return model.mpi_sent_bytes(n * 4, p) * 8 / best / 1e9, float(slowest.max()) / best
 
 
 def probe_link_gbps(comm, rounds=None, wait=None):
