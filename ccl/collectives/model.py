@@ -45,8 +45,8 @@ from collections import namedtuple
 import numpy as np
 
 __all__ = ["ALGORITHMS", "FLAT", "Machine", "CodecFigures", "Prediction", "predict",
-           "predict_all", "best", "mpi_sent_bytes", "mpi_halves", "payload_bits", "lossy_weight", "combined_error",
-           "error_bound", "steps",
+           "predict_all", "best", "mpi_sent_bytes", "mpi_halves", "payload_bits",
+           "lossy_weight", "combined_error", "error_bound", "steps",
            "codec_figures", "measure_figures", "calibration_path", "load_calibration",
            "save_calibration", "HEADER_BYTES", "ERROR_BOUND"]
 
