@@ -29,7 +29,6 @@ residuals.
 
 import csv
 import json
-import math
 import os
 import textwrap
 import time
@@ -41,6 +40,7 @@ import ccl
 from ccl.codecs import get_codec, registered_codecs
 from ccl.collectives import CHUNKED, chunk_bounds
 from ccl import config
+from ccl._xp import host_norm
 from ccl.collectives.auto import fitting, probe_link_gbps
 from ccl.collectives.base import DEFAULT_SEGMENT_BYTES, segment_count
 from ccl.threads import budgeted, channel_budget
@@ -52,18 +52,6 @@ ALGORITHMS = ("ring", "tree", "direct", "allgather", "auto")
 # "fit": the algorithm that fits each codec (ccl.collectives.auto.fitting); "hierarchical"
 # runs only when asked for (it needs nodes of several ranks)
 CHOICES = ALGORITHMS + ("hierarchical", "fit")
-
-
-def _norm(x):
-    """||x||_2 without BLAS.
-
-    numpy's BLAS (OpenBLAS) wakes its worker threads for a large vector, and
-    they spin for a while after the call: on a machine whose cores all run
-    ranks they take time slices from the next row's timed calls, which then
-    stalled in steps of about 4 ms (docs/benchmarks.md, "Emulated cluster:
-    numpy's BLAS threads").
-    """
-    return math.sqrt(float(np.square(x).sum()))
 
 
 def _timed(comm, fn, reps, warmup):
@@ -262,7 +250,7 @@ def run(comm, codecs, algorithms, sizes, reps, warmup, seed=0, progress=None, se
                 median, row_mpi, y = _timed_pair(comm, call, mpi_allreduce, reps, warmup)
             else:
                 (median, y), row_mpi = _timed(comm, call, reps, warmup), mpi_time
-            error = _norm(y.astype(np.float64) - exact_c) / (_norm(exact_c) or 1.0)
+            error = host_norm(y.astype(np.float64) - exact_c) / (host_norm(exact_c) or 1.0)
             codec_s = None
             if codec_bound and resolved != "mpi":
                 pieces = (p * segment_count(n, p, seg, codec.bits_per_value)
