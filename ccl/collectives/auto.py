@@ -259,8 +259,8 @@ def estimate(codec, nbytes, size, link_gbps, itemsize=4, algorithm=None, pipelin
         Whether codec time overlaps the transfers (segmented ring and direct).
     cores : float
         The rank's share of its machine's cores; the codec runs that much
-        slower when it is below 1 (unless ``speeds`` are given), and a
-        pipelined algorithm's codec time no longer overlaps its transfers.
+        slower when it is below 1 (unless ``speeds`` are given). A pipelined
+        algorithm's codec time overlaps its transfers all the same.
     latency : float
         Seconds per sequential step of messages (:func:`probe_latency`); the
         compressing algorithm pays it :func:`rounds` times. ``MPI_Allreduce``
