@@ -19,6 +19,7 @@ transport).
 """
 
 import contextlib
+import math
 import sys
 from typing import TypeVar
 
@@ -28,7 +29,7 @@ import numpy as np
 #: use it where a function returns the kind of array it was given.
 ArrayT = TypeVar("ArrayT")
 
-__all__ = ["Backend", "HOST", "array_module", "backend_of", "is_device_array",
+__all__ = ["Backend", "HOST", "array_module", "backend_of", "is_device_array", "host_norm",
            "simulated_device", "to_numpy"]
 
 
@@ -170,6 +171,22 @@ def _cupy_backend():
     if _CUPY is None:
         _CUPY = _CupyBackend(sys.modules["cupy"])
     return _CUPY
+
+
+def host_norm(x):
+    """``||x||_2`` of a host array, in float64, without BLAS.
+
+    numpy's ``linalg.norm`` of a vector is a BLAS dot product, and OpenBLAS
+    wakes its worker threads for a long one; they spin for a while after
+    it, and on a machine whose cores all run ranks they took time slices
+    from the calls that followed: 1 MB allreduces on 2 emulated hosts
+    stalled in steps of about 4 ms (docs/benchmarks.md, "What stalled the
+    calls").
+
+    >>> host_norm(np.array([3.0, 4.0]))
+    5.0
+    """
+    return math.sqrt(float(np.square(np.asarray(x), dtype=np.float64).sum()))
 
 
 def is_device_array(x):

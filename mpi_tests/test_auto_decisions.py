@@ -91,13 +91,18 @@ def test_a_spread_out_probe_asks_compression_to_win_by_as_much():
         ("mpi", "model: MPI")
 
 
-def test_less_than_a_core_per_rank_does_not_overlap_codec_and_transfers():
+def test_codec_and_transfers_overlap_also_with_less_than_a_core_per_rank():
+    # measured on 4 emulated hosts on 2 cores (docs/benchmarks.md, "What the model learned")
     codec = get_codec({"id": "thc", "bits": 4})
     speeds = (codec.encode_gbps, codec.decode_gbps)
     whole = auto.estimate(codec, 64 << 20, 4, 1.0, cores=1.0, speeds=speeds)[1]
     shared = auto.estimate(codec, 64 << 20, 4, 1.0, cores=0.5, speeds=speeds)[1]
     unpipelined = auto.estimate(codec, 64 << 20, 4, 1.0, pipelined=False, speeds=speeds)[1]
-    assert whole < shared == pytest.approx(unpipelined)
+    assert shared == pytest.approx(whole) and whole < unpipelined
+    # without measured speeds the codec runs at half its one-core speed, still overlapped
+    slower = auto.estimate(codec, 64 << 20, 4, 1.0, cores=0.5)[1]
+    assert whole < slower < auto.estimate(codec, 64 << 20, 4, 1.0, cores=0.5,
+                                          pipelined=False)[1]
 
 
 def test_busy_cores_sees_a_busy_process():

@@ -81,9 +81,26 @@ def test_time_terms():
         shared = model.predict(algorithm, codec, 16 << 20, 8, fast._replace(share=0.25))
         assert slow_link.seconds > base.seconds and shared.seconds > base.seconds
         assert latency.seconds == pytest.approx(base.seconds + model.steps(algorithm, 8) * 1e-3)
-    # a token bucket lets the first bytes pass at once
+    # a token bucket refills while the link idles: MPI's allreduce keeps it busy and gets
+    # nothing of it; the allgather's link idles while the codec runs, so a payload within
+    # the bucket passes at once
     burst = fast._replace(burst_bytes=1 << 20)
-    assert model.predict("mpi", None, 1 << 19, 2, burst).seconds == 0.0
+    assert model.predict("mpi", None, 1 << 19, 2, burst).seconds == \
+        model.predict("mpi", None, 1 << 19, 2, fast).seconds > 0
+    gathered = model.predict("allgather", codec, 1 << 19, 2, burst)
+    coded = model.predict("allgather", codec, 1 << 19, 2, fast._replace(link_gbps=1e9))
+    assert gathered.seconds == pytest.approx(coded.seconds)
+    assert model.predict("allgather", codec, 1 << 19, 2, fast).seconds > gathered.seconds
+
+
+def test_mpich_allreduce_beyond_a_power_of_two_sends_its_whole_input_twice_more():
+    for p in (2, 4, 8, 16):
+        assert model.mpi_sent_bytes(1.0, p) == pytest.approx(2 * (p - 1) / p)
+    if model.mpi_halves():  # the library the tests run on decides (MPICH and Open MPI in CI)
+        assert model.mpi_sent_bytes(1.0, 3) == pytest.approx(3.0)
+        assert model.mpi_sent_bytes(1.0, 6) == pytest.approx(3.5)
+    else:
+        assert model.mpi_sent_bytes(1.0, 3) == pytest.approx(4 / 3)
 
 
 def test_hierarchical_carries_one_copy_per_node_across():

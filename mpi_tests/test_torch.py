@@ -532,3 +532,17 @@ def test_broadcast_and_allgather_object(comm, hvd):
     assert hvd.allgather_object(comm.rank * 2) == [2 * r for r in range(comm.size)]
     with pytest.raises(ValueError, match="root_rank"):
         hvd.broadcast_object(1, root_rank=comm.size)
+
+
+def test_buckets_with_a_small_share_of_the_gradient_bytes_stay_exact(hvd):
+    # one layer carries almost all the bytes: the others stay exact under the default rule,
+    # and every bucket is compressed with min_compress_bytes=0 (Horovod's compression=)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 512), torch.nn.Linear(512, 512),
+                                torch.nn.Linear(512, 4))
+    for min_compress in (1024, 0):
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       codec="onebit", min_compress_bytes=min_compress)
+        stats = opt.communication_stats()
+        assert 512 * 512 * 4 in stats["bucket_bytes"] and stats["buckets"] > 2
+        assert stats["compressed_buckets"] == (1 if min_compress else stats["buckets"])

@@ -14,8 +14,11 @@ input bytes per rank and an algorithm it predicts (:func:`predict`):
   rate ``MPI_Allreduce`` reaches); every encoded and decoded element the
   codec's time (gamma) at its one-core speed times the rank's share of
   the cores (:class:`Machine`). Where the algorithm is pipelined (ring and
-  direct, segments) and a rank has a core of its own, codec time overlaps
-  the transfers;
+  direct, segments), codec time overlaps the transfers, also where ranks
+  share cores: the link moves one segment while a core codes the next
+  (measured on 4 emulated hosts on 2 cores: THC's ``direct`` at 64 MB took
+  232 ms, its codec time alone 225 ms and its bytes 151 ms at the link's
+  rate);
 - **error**: the relative error of the sum for independent inputs, from the
   codec's one-shot error ``e`` (one encode and decode) and the algorithm's
   *lossy weight* ``F`` (:func:`lossy_weight`: how many times, in units of
@@ -42,8 +45,8 @@ from collections import namedtuple
 import numpy as np
 
 __all__ = ["ALGORITHMS", "FLAT", "Machine", "CodecFigures", "Prediction", "predict",
-           "predict_all", "best", "payload_bits", "lossy_weight", "combined_error",
-           "error_bound", "steps",
+           "predict_all", "best", "mpi_sent_bytes", "mpi_halves", "payload_bits",
+           "lossy_weight", "combined_error", "error_bound", "steps",
            "codec_figures", "measure_figures", "calibration_path", "load_calibration",
            "save_calibration", "HEADER_BYTES", "ERROR_BOUND"]
 
@@ -115,6 +118,47 @@ def steps(algorithm, p):
     log = math.ceil(math.log2(p))
     return {"ring": 2 * (p - 1), "direct": 2, "tree": 2 * log, "allgather": log,
             "mpi": 2 * log}.get(algorithm, 2 * (p - 1))
+
+
+def mpi_sent_bytes(nbytes, p):
+    """Bytes over the busiest link in the MPI library's own allreduce of ``nbytes`` per rank.
+
+    MPICH (and the libraries that report themselves as MPICH) reduces a large
+    message by recursive halving and gathers it by recursive doubling among
+    the largest power of two ``q <= p`` of the ranks; each of the other
+    ``p - q`` sends its whole input to a partner first and receives the
+    whole sum back, so that partner's link carries ``2 n`` more: ``3 n`` at
+    three ranks, where a ring carries ``4/3 n``. Measured on the emulated
+    cluster at 1 Gbit/s, 64 MB: 2.68 times the ring's bound at 3 hosts,
+    2.42 at 6, 1.03 and 1.09 at 2 and 4. Other libraries are taken to reach
+    the ring's bound ``2 (p - 1) / p n``.
+
+    >>> mpi_sent_bytes(3, 3) if mpi_halves() else 9.0
+    9.0
+    >>> mpi_sent_bytes(4, 4)
+    6.0
+    """
+    if p <= 1:
+        return 0.0
+    q = 1 << (p.bit_length() - 1)
+    if q == p or not mpi_halves():
+        return 2 * (p - 1) / p * nbytes
+    return (2 * (q - 1) / q + 2) * nbytes
+
+
+def mpi_halves():
+    """Whether the MPI library in use is MPICH, whose allreduce :func:`mpi_sent_bytes` follows."""
+    global _MPI_HALVES
+    if _MPI_HALVES is None:
+        try:
+            from mpi4py import MPI
+            _MPI_HALVES = "MPICH" in MPI.Get_library_version()
+        except ImportError:
+            _MPI_HALVES = False
+    return _MPI_HALVES
+
+
+_MPI_HALVES = None
 
 
 def payload_bits(codec, figures, contributors):
@@ -253,49 +297,70 @@ def predict(algorithm, codec, nbytes, p, machine, figures=None, itemsize=4, pipe
         rate = min(rate * p / max(q * (p - q), 1), machine.node_gbps * 1e9 / 8)
     elements = nbytes / itemsize
 
-    def wire_seconds(sent):
-        return max(sent - machine.burst_bytes, 0.0) / rate
+    def wire_seconds(sent, idle=0.0):
+        # a token bucket (burst_bytes) refills while the link idles: after an idle stretch,
+        # that much passes at once (calls timed back to back that keep the link busy, as
+        # MPI_Allreduce's, find it empty: 1 MB at 2 hosts took 8.4 ms, the whole megabyte)
+        return max(sent - min(machine.burst_bytes, rate * idle), 0.0) / rate
 
     if algorithm == "mpi" or p <= 1 or codec is None:
-        sent = 2 * (p - 1) / p * nbytes if p > 1 else 0.0
+        sent = mpi_sent_bytes(nbytes, p)
         alpha = steps("mpi", p) * machine.latency_s if latency else 0.0
         return Prediction("mpi", wire_seconds(sent) + alpha, sent, 0.0)
     figures = figures or codec_figures(codec)
+    share = machine.share if codec_share is None else codec_share
 
     def payload(contributors, count=elements):
         return count * payload_bits(codec, figures, contributors) / 8 + HEADER_BYTES
 
+    def coding(encodes, decodes):
+        return _codec_seconds(figures, elements, encodes, decodes, share)
+
     log = math.ceil(math.log2(p))
+    overlap = pipelined and algorithm in ("ring", "direct")
     if algorithm in ("ring", "direct"):
         chunk = elements / p
         if algorithm == "ring":  # hop k carries k contributions, the allgather all p
             sent = sum(payload(c, chunk) for c in range(1, p)) + (p - 1) * payload(p, chunk)
         else:  # workers' chunks to their owners, the owners' sums to every rank
             sent = (p - 1) * (payload(1, chunk) + payload(p, chunk))
-        encodes, decodes = (p + 1) / p, (2 * p - 1) / p
-        wire = wire_seconds(sent)
+        codec_s = coding((p + 1) / p, (2 * p - 1) / p)
+        # the link idles while the codec runs (beyond what the transfers overlap)
+        idle = max(codec_s - sent / rate, 0.0) if overlap else codec_s
+        wire = wire_seconds(sent, idle)
     elif algorithm == "tree":  # log p levels up, then MPI's broadcast of the root's payload
         up = [payload(min(1 << level, p)) for level in range(log)]
         last = payload(p)
         down = log * last if last < 12288 else 2 * (p - 1) / p * last
         # counted as ccl counts it: the root sends to log p children, rank p/2 up and on
         sent = max(log * last, up[-1] + (log - 1) * last)
-        encodes = decodes = float(log + 1)
-        wire = sum(wire_seconds(b) for b in up) + wire_seconds(down)
+        # every rank encodes its leaf and decodes the broadcast at once; level l of the
+        # way up runs on p / 2^l ranks, which share the cores less (the codec speeds are
+        # those of every rank at once: faster by up to 1 / share where fewer run)
+        relays = 1.0 + sum(1 / min(2 ** level, 1 / min(machine.share, 1.0))
+                           for level in range(1, log + 1))
+        codec_s = coding(relays, relays)
+        # a rank sends up once a call, its link idle otherwise; the root's link idles
+        # until the broadcast
+        climb = sum(wire_seconds(b, math.inf) for b in up)
+        wire = climb + wire_seconds(down, climb + codec_s)
     elif algorithm == "allgather":
         sent = (p - 1) * payload(1)
-        encodes, decodes = 1.0, float(p)
-        wire = wire_seconds(sent)
+        codec_s = coding(1.0, float(p))
+        wire = wire_seconds(sent, codec_s)
     else:
         raise ValueError(f"unknown algorithm {algorithm!r}; the model knows {ALGORITHMS}")
-    share = machine.share if codec_share is None else codec_share
-    codec_s = _codec_seconds(figures, elements, encodes, decodes, share)
-    overlap = pipelined and algorithm in ("ring", "direct") and machine.share >= 1.0
     busy = (max(wire, codec_s) + OVERLAP_LEFT * min(wire, codec_s) if overlap
             else wire + codec_s)
     error = combined_error(figures.error, lossy_weight(algorithm, p, figures.exact_sum,
                                                        codec.homomorphic))
-    return Prediction(algorithm, busy + steps(algorithm, p) * machine.latency_s, sent, error)
+    rounds = steps(algorithm, p)
+    if algorithm == "direct" and machine.share < 1.0:
+        # direct posts a phase's p - 1 messages at once, and they overlap where every rank
+        # has a core; where ranks share cores each needs its peer scheduled, one latency each
+        # (8 and 16 emulated hosts on 2 cores, 1 MB: 0.2 to 0.4 of the measured time before)
+        rounds = 2 * (p - 1)
+    return Prediction(algorithm, busy + rounds * machine.latency_s, sent, error)
 
 
 def _hierarchical(algorithm, codec, nbytes, p, machine, figures, itemsize, pipelined,
@@ -413,6 +478,7 @@ def measure_figures(codec, elements=ERROR_SAMPLE, timed=False, seed=7):
 
     import copy
 
+    from .._xp import host_norm
     from ..codecs.context import CodecContext
     from ..threads import budgeted
 
@@ -427,7 +493,7 @@ def measure_figures(codec, elements=ERROR_SAMPLE, timed=False, seed=7):
     with budgeted(1):
         payload = codec.encode(x, ctx)
         decoded = np.asarray(codec.decode(payload, ctx), dtype=np.float64)
-        error = float(np.linalg.norm(decoded - x) / np.linalg.norm(x))
+        error = host_norm(decoded - x) / host_norm(x)
         bits = (payload.size - HEADER_BYTES) * 8 / elements
         exact = False
         if codec.homomorphic:
@@ -435,7 +501,7 @@ def measure_figures(codec, elements=ERROR_SAMPLE, timed=False, seed=7):
             both = np.asarray(codec.decode(codec.add(payload, other, ctx), ctx),
                               dtype=np.float64)
             alone = decoded + np.asarray(codec.decode(other, ctx), dtype=np.float64)
-            exact = bool(np.linalg.norm(both - alone) <= 1e-6 * np.linalg.norm(alone))
+            exact = bool(host_norm(both - alone) <= 1e-6 * host_norm(alone))
         speeds = (codec.encode_gbps, codec.decode_gbps)
         if timed:
             enc, dec = [], []
