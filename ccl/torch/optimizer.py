@@ -317,7 +317,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
         costs. So are buckets under 1/20 of the model's gradient bytes
         (``ccl.torch.buckets.MIN_COMPRESS_SHARE``): they carry little of the
         traffic, and lossy codecs cost them accuracy out of proportion.
-        ``min_compress_bytes=0`` compresses every bucket. PowerSGD decides per matrix instead (its ``min_compression_rate``).
+        ``min_compress_bytes=0`` compresses every bucket. PowerSGD decides
+        per matrix instead (its ``min_compression_rate``).
     lr_corrected : bool
         Learning-rate-corrected error feedback: a bucket's residuals are
         scaled by eta(t-1)/eta(t) when the ``lr`` of its first parameter's
