@@ -10,14 +10,14 @@ from mpi4py import MPI
 
 import ccl
 from ccl.codecs import get_codec
-from ccl.collectives import auto, model
+from ccl.collectives import auto, figures, model
 from ccl.testing import exact_sum, rank_input
 
 CODECS = ["fp16", "3lc", "onebit", {"id": "thc", "bits": 4}, "sidco", "dithering", "topk"]
 
 
 def _figures(codec):
-    return model.codec_figures(get_codec(codec), calibration={})
+    return figures.codec_figures(get_codec(codec), calibration={})
 
 
 # ------------------------------------------------------------------ the model's terms
@@ -115,29 +115,29 @@ def test_hierarchical_carries_one_copy_per_node_across():
 
 def test_calibration_round_trip(tmp_path):
     path = str(tmp_path / "model.json")
-    assert model.load_calibration(path) == {}
+    assert figures.load_calibration(path) == {}
     codec = get_codec("onebit")
-    fig = model.measure_figures(codec, 1 << 12)
+    fig = figures.measure_figures(codec, 1 << 12)
     key = f"{codec.config_hash:016x}"
-    model.save_calibration({key: fig}, path)
-    assert model.load_calibration(path) == {key: fig}
-    assert model.codec_figures(codec, model.load_calibration(path)) == fig
+    figures.save_calibration({key: fig}, path)
+    assert figures.load_calibration(path) == {key: fig}
+    assert figures.codec_figures(codec, figures.load_calibration(path)) == fig
     with open(path, "w") as f:
         f.write("not json")
-    assert model.load_calibration(path) == {}  # ignored: the stated figures are used
-    assert model.calibration_path({"XDG_CACHE_HOME": "/x"}) == "/x/ccl/model.json"
+    assert figures.load_calibration(path) == {}  # ignored: the stated figures are used
+    assert figures.calibration_path({"XDG_CACHE_HOME": "/x"}) == "/x/ccl/model.json"
 
 
 def test_measured_figures_are_deterministic():
     codec = get_codec("dithering")
-    assert model.measure_figures(codec) == model.measure_figures(get_codec("dithering"))
+    assert figures.measure_figures(codec) == figures.measure_figures(get_codec("dithering"))
 
 
 # ------------------------------------------------------------------ auto's picks
 @pytest.mark.parametrize("codec", CODECS, ids=str)
 def test_auto_past_four_ranks_stays_within_the_error_bound(codec):
     codec = get_codec(codec)
-    fig = model.codec_figures(codec, calibration={})
+    fig = figures.codec_figures(codec, calibration={})
     for p in (5, 8, 16, 64, 1024):
         for gbps in (0.1, 1.0, 10.0, 100.0):
             for nbytes in (1 << 20, 64 << 20):
@@ -183,7 +183,7 @@ def test_predicted_bytes_and_error_match_a_real_call(comm, codec, algorithm):
     exact = exact_sum(p, n, seed=3)
     error = float(np.linalg.norm(y - exact) / np.linalg.norm(exact))
     guess = model.predict(algorithm, get_codec(codec), 4 * n, p, model.Machine(1.0),
-                          model.codec_figures(get_codec(codec), calibration={}))
+                          figures.codec_figures(get_codec(codec), calibration={}))
     if p == 1:
         return
     # what a rank sends, headers aside, as modelled

@@ -2,10 +2,10 @@
 
 For every codec (``--codecs``, default: every registered one) it encodes and
 decodes ``--elements`` standard normal float32 values on one core
-(:func:`ccl.collectives.model.measure_figures`, timed): encode and decode
+(:func:`ccl.collectives.figures.measure_figures`, timed): encode and decode
 GB/s, payload bits per value, the one-shot relative error, and whether
 payloads add exactly. The figures go to the per-user calibration file
-(:func:`ccl.collectives.model.calibration_path`, ``~/.cache/ccl/model.json``;
+(:func:`ccl.collectives.figures.calibration_path`, ``~/.cache/ccl/model.json``;
 ``--out`` for another), where the projection (``python -m ccl.bench.model``),
 the validation report and ``auto`` outside a collective find them. Inside a
 collective ``auto`` measures the codec as the ranks run it instead, and
@@ -24,15 +24,15 @@ __all__ = ["main", "calibrate"]
 
 def calibrate(codecs, elements):
     """``{config_hash (hex): CodecFigures}`` of ``codecs``, measured on one core."""
-    from ccl.collectives import model
+    from ccl.collectives import figures
 
-    return {f"{codec.config_hash:016x}": model.measure_figures(codec, elements, timed=True)
+    return {f"{codec.config_hash:016x}": figures.measure_figures(codec, elements, timed=True)
             for codec in codecs}
 
 
 def main(argv=None):
     from ccl.codecs import get_codec, registered_codecs
-    from ccl.collectives import model
+    from ccl.collectives import figures
 
     from .cli import codec_arg, size_arg
 
@@ -46,7 +46,7 @@ def main(argv=None):
     parser.add_argument("--elements", type=size_arg, default=1 << 22,
                         help="float32 values per sample (default: %(default)s)")
     parser.add_argument("--out", default=None,
-                        help=f"the file to write (default: {model.calibration_path()})")
+                        help=f"the file to write (default: {figures.calibration_path()})")
     args = parser.parse_args(argv)
     codecs = args.codecs or [get_codec(name) for name in registered_codecs()
                              if not name.startswith("test")]
@@ -57,9 +57,9 @@ def main(argv=None):
     for key, fig in found.items():
         print(f"{names[key]:>10} {fig.encode_gbps:12.2f} {fig.decode_gbps:12.2f} "
               f"{fig.bits:11.3f} {fig.error:15.3e} {str(fig.exact_sum):>13}")
-    merged = dict(model.load_calibration(args.out))
+    merged = dict(figures.load_calibration(args.out))
     merged.update(found)
-    print(f"written to {model.save_calibration(merged, args.out)}")
+    print(f"written to {figures.save_calibration(merged, args.out)}")
     return 0
 
 

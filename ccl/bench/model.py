@@ -66,6 +66,7 @@ def _human(nbytes):
 
 def _table(codecs, nbytes, p, machine):
     from ccl.collectives import model
+    from ccl.collectives.figures import codec_figures
 
     lines = [f"{p} ranks ({machine.ranks_per_node} per node), {machine.link_gbps:g} Gbit/s "
              f"links, latency {machine.latency_s * 1e6:g} us, {_human(nbytes)} per rank "
@@ -74,7 +75,7 @@ def _table(codecs, nbytes, p, machine):
              f"{'rel. error':>11} {'bound':>9}  auto"]
     for codec in codecs:
         found, pick = project(codec, nbytes, p, machine)
-        bound = model.error_bound(model.codec_figures(codec))
+        bound = model.error_bound(codec_figures(codec))
         for name, guess in found.items():
             label = guess.algorithm if name == "hierarchical" else name
             within = "" if name == "mpi" else ("ok" if guess.error <= bound else "over")

@@ -111,6 +111,7 @@ def predicted_rows(job, link="rate"):
     """
     from ccl.codecs import get_codec
     from ccl.collectives import model
+    from ccl.collectives.figures import codec_figures
 
     from .network import rate_bits_per_s
 
@@ -133,7 +134,7 @@ def predicted_rows(job, link="rate"):
         codec, figures, share = None, None, None
         if row["algorithm"] != "mpi":
             codec = get_codec(row["config"])
-            figures = model.codec_figures(codec, calibration={})
+            figures = codec_figures(codec, calibration={})
             speeds = measured.get(json.dumps(row["config"], sort_keys=True))
             if speeds:
                 figures, share = figures._replace(encode_gbps=speeds[0],
@@ -175,6 +176,7 @@ def auto_against_fixed(job):
 
     from ccl.codecs import get_codec
     from ccl.collectives import auto, model
+    from ccl.collectives.figures import codec_figures
 
     prof, p = job["profile"], job["ranks"]
     measured = prof.get("codec_gbps", {})
@@ -190,7 +192,7 @@ def auto_against_fixed(job):
                                    cores=prof["share"], latency=prof["latency_s"],
                                    speeds=measured.get(config), spread=prof["spread"])
             ran = next((r for r in mine if r["algorithm"] == decision.algorithm), mpi)
-            fig = model.codec_figures(codec, calibration={})
+            fig = codec_figures(codec, calibration={})
 
             def error_of(algorithm, fig=fig, codec=codec):
                 return model.combined_error(fig.error, model.lossy_weight(

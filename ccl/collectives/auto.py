@@ -49,6 +49,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import model
+from .figures import codec_figures
 
 __all__ = ["choose", "decide", "Decision", "fitting", "estimate", "needs_link",
            "probe_link", "probe_link_gbps", "probe_latency", "rounds", "REASONS",
@@ -287,8 +288,8 @@ def _figures(codec, speeds):
     """The model's codec figures; with ``speeds`` (measured in a collective, agreed) in place
     of the stated ones, and then only figures every rank finds alike (no per-user file)."""
     if speeds is None:
-        return model.codec_figures(codec)
-    return model.codec_figures(codec, calibration={})._replace(
+        return codec_figures(codec)
+    return codec_figures(codec, calibration={})._replace(
         encode_gbps=float(speeds[0]), decode_gbps=float(speeds[1]))
 
 
@@ -384,7 +385,7 @@ def decide(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
         return Decision(algorithm, "model: compress", times)
     algorithm = _fitting_at(codec, nbytes, size)
     if size > FITTING_MAX_RANKS:  # no time to model: keep the error within the bound
-        figures = model.codec_figures(codec, calibration={})  # alike on every rank
+        figures = codec_figures(codec, calibration={})  # alike on every rank
         error = model.combined_error(figures.error,
                                      model.lossy_weight(algorithm, size, figures.exact_sum,
                                                         codec.homomorphic))
