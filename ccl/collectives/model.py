@@ -255,7 +255,7 @@ def predict(algorithm, codec, nbytes, p, machine, figures=None, itemsize=4, pipe
         Ranks.
     machine : Machine
     figures : CodecFigures, optional
-        Default: :func:`codec_figures` of ``codec``.
+        Default: :func:`~ccl.collectives.figures.codec_figures` of ``codec``.
     itemsize : int
         Bytes per input element.
     pipelined : bool
