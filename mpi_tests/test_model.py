@@ -213,3 +213,10 @@ def test_every_rank_picks_alike_and_the_model_says_why(comm, codec):
     assert json.dumps(again.estimate) == json.dumps(auto.decide(
         get_codec(codec), 4 << 20, comm.size, np.float32, link_gbps=1.0,
         cores=found["share"], latency=found["latency_s"], speeds=speeds).estimate)
+
+
+def test_the_codec_inputs_moved_to_figures_and_are_still_found_in_model():
+    with pytest.warns(DeprecationWarning, match="ccl.collectives.figures"):
+        assert model.CodecFigures is figures.CodecFigures
+    with pytest.raises(AttributeError):
+        model.no_such_name  # noqa: B018

@@ -394,3 +394,20 @@ def predict_all(codec, nbytes, p, machine, figures=None, **kwargs):
     figures = figures or (None if codec is None else codec_figures(codec))
     return {name: predict(name, codec, nbytes, p, machine, figures, **kwargs)
             for name in names}
+
+
+#: Names that moved to :mod:`ccl.collectives.figures`; still found here, with a warning.
+_MOVED = ("CodecFigures", "measure_figures", "calibration_path", "load_calibration",
+          "save_calibration", "HEADER_BYTES", "ERROR_SAMPLE")
+
+
+def __getattr__(name):
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import warnings
+
+    from . import figures
+
+    warnings.warn(f"ccl.collectives.model.{name} moved: import it from "
+                  "ccl.collectives.figures", DeprecationWarning, stacklevel=2)
+    return getattr(figures, name)
