@@ -129,3 +129,16 @@ def test_sparse_allreduce_async(hvd, op):
     assert torch.allclose(got, want)
     with pytest.raises(ValueError):
         hvd.sparse_allreduce_async(x.to_dense(), name="dense", op=hvd.Sum)
+
+
+def test_the_rank_that_called_join_last_is_returned_whenever_its_work_ran(comm):
+    # the stamp is taken where join is called: the collectives' thread may run the work later
+    # (after this rank served others' optimizer steps), and its own clock would then decide
+    from ccl.torch.joins import join_work
+
+    def no_allreduce(spec):
+        raise AssertionError("nothing to reduce: every rank joins at once")
+
+    # rank 0 called last, and ranks 1.. in turn before it
+    called = [10**6] + [1000 + r for r in range(1, comm.size)]
+    assert join_work(comm, no_allreduce, stamp=called[comm.rank]) == 0

@@ -155,7 +155,7 @@ def negotiate(comm, what, fields, error, describe=None):
     return joined
 
 
-def join_work(comm, allreduce_zeros):
+def join_work(comm, allreduce_zeros, stamp=None):
     """The joined rank's side: answer exchanges until every rank joined (collective).
 
     Parameters
@@ -165,6 +165,11 @@ def join_work(comm, allreduce_zeros):
     allreduce_zeros : callable
         ``allreduce_zeros(spec)`` takes part in an allreduce the active ranks
         agreed on, contributing zeros (``spec`` as from ``describe``).
+    stamp : int, optional
+        When this rank called ``join`` (microseconds of ``time.time()``;
+        default: now). The caller's clock, not this thread's: the
+        collectives' thread may start the work only after this rank already
+        served other ranks' optimizer steps.
 
     Returns
     -------
@@ -172,7 +177,8 @@ def join_work(comm, allreduce_zeros):
         The rank that joined last: the fewest rounds spent joined, then the
         latest clock, then the highest rank.
     """
-    rounds, stamp = 0, int(time.time() * 1e6)
+    rounds = 0
+    stamp = int(time.time() * 1e6) if stamp is None else int(stamp)
     while True:
         rows = _exchange(comm, _row([], None, joined=True, rounds=rounds, stamp=stamp))
         if rows[:, _JOINED].all():
