@@ -152,6 +152,29 @@ def test_global_weights_identical_on_every_rank_after_each_sync(hvd, comm, codec
         assert any(not np.array_equal(rows[0], r) for r in rows[1:])
 
 
+def test_synchronize_waits_without_applying(hvd, comm):
+    # synchronize() finishes the transfers in flight; the outer steps still land when due,
+    # so the training is bit for bit the one without it
+    def run(wait):
+        model = make_model()
+        opt = ct.DiLoCo(model, torch.optim.AdamW(model.parameters(), lr=0.01), sync_every=4,
+                        codec="thc", fragments=2, overlap=1, algorithm="ring")
+        for step in range(9):
+            opt.zero_grad()
+            loss_of(model, hvd.rank(), step).backward()
+            opt.step()
+            if wait:
+                before, pending = global_flat(opt), opt.communication_stats()["pending"]
+                opt.synchronize()
+                assert opt.communication_stats()["pending"] == pending
+                assert np.array_equal(global_flat(opt), before)
+                assert all(job.done.is_set() for sync in opt.pending for _, _, job in sync.buckets)
+        return global_flat(opt), flat(model.parameters())
+
+    waited, plain = run(True), run(False)
+    assert np.array_equal(waited[0], plain[0]) and np.array_equal(waited[1], plain[1])
+
+
 def test_residuals_conserve_the_pseudo_gradients(hvd, comm):
     # outer_lr 1 without momentum: the global step is the delivered mean itself
     model = make_model()

@@ -187,14 +187,23 @@ def schedule(step, args):
     return 0.1 + 0.45 * (1 + math.cos(math.pi * step / args.steps))
 
 
-def train(comm, name, model, optimizer, data, args, stats=None):
-    """Train ``args.steps`` steps; return a result row (identical on every rank)."""
+def train(comm, name, model, optimizer, data, args, stats=None, settle=None):
+    """Train ``args.steps`` steps; return a result row (identical on every rank).
+
+    The training time is each rank's wall time over its steps, the slowest
+    rank's at every evaluation; evaluations are not counted. A step's time
+    starts before the barrier that lines the ranks up for it: where an
+    optimizer's transfers run in the background, a rank's messages queue
+    behind them (one connection per pair of ranks), so that wait is part of
+    training. ``settle()`` (DiLoCo's ``synchronize``) is called, timed,
+    before each evaluation, so that no transfer runs on into untimed work.
+    """
     import torch
 
     train_text, val_text = data
     base = [group["lr"] for group in optimizer.param_groups]
     curve = {"step": [], "val_loss": [], "seconds": [], "bytes": []}
-    seconds, bytes_at_warmup = 0.0, None
+    seconds, local, bytes_at_warmup = 0.0, 0.0, None
 
     def record(step):
         curve["step"].append(step)
@@ -207,8 +216,8 @@ def train(comm, name, model, optimizer, data, args, stats=None):
 
     record(0)
     for step in range(args.steps):
-        comm.Barrier()
         t0 = time.perf_counter()
+        comm.Barrier()
         for group, lr in zip(optimizer.param_groups, base):
             group["lr"] = lr * schedule(step, args)
         x, y = train_batch(train_text, comm.rank, step, args)
@@ -217,10 +226,14 @@ def train(comm, name, model, optimizer, data, args, stats=None):
         torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                           y.reshape(-1)).backward()
         optimizer.step()
-        seconds += comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        evaluate = (step + 1) % args.eval_every == 0 or step + 1 == args.steps
+        if evaluate and settle is not None:
+            settle()
+        local += time.perf_counter() - t0
         if step + 1 == args.warmup and stats is not None:
             bytes_at_warmup = stats()["bytes_sent"]
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+        if evaluate:
+            seconds = comm.allreduce(local, op=MPI.MAX)
             record(step + 1)
     sent = curve["bytes"][-1]
     row = dict(method=name, ranks=comm.size, steps=args.steps,

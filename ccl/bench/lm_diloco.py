@@ -103,7 +103,7 @@ def run_diloco(comm, data, args, make_model, train):
                             min_compress_bytes=args.min_compress_bytes,
                             error_decay=args.error_decay)
             rows.append(train(comm, f"diloco/{spec}", GlobalEval(model, opt), Flushing(opt),
-                              data, args, opt.communication_stats))
+                              data, args, opt.communication_stats, settle=opt.synchronize))
     finally:
         ct.shutdown()
     return rows

@@ -272,6 +272,18 @@ class DiLoCo:
         with torch.no_grad():
             self._apply_due(None)
 
+    def synchronize(self):
+        """Wait until the allreduces in flight have finished, without applying them.
+
+        Their outer steps are still applied when due (Horovod's
+        ``optimizer.synchronize()`` waits alike). For measurements that must
+        not let a sync's transfer run on into untimed work, such as an
+        evaluation; training needs no call of it.
+        """
+        for sync in self.pending:
+            for _, _, job in sync.buckets:
+                self.engine.wait(job)
+
     def _start(self, f):
         """Start fragment ``f``'s allreduces of the pseudo-gradient, one per bucket."""
         buckets = []
@@ -374,9 +386,8 @@ class DiLoCo:
             average). Save it on every rank.
         """
         pending = []
+        self.synchronize()
         for sync in self.pending:
-            for _, _, job in sync.buckets:
-                self.engine.wait(job)
             error = next((job.error for _, _, job in sync.buckets if job.error), None)
             if error is not None:
                 raise error
