@@ -37,6 +37,7 @@ calibrate``, else the codec's stated speeds and an error measured on a
 small sample.
 """
 
+import functools
 import math
 from collections import namedtuple
 
@@ -132,19 +133,14 @@ def mpi_sent_bytes(nbytes, p):
     return (2 * (q - 1) / q + 2) * nbytes
 
 
+@functools.cache
 def mpi_halves():
     """Whether the MPI library in use is MPICH, whose allreduce :func:`mpi_sent_bytes` follows."""
-    global _MPI_HALVES
-    if _MPI_HALVES is None:
-        try:
-            from mpi4py import MPI
-            _MPI_HALVES = "MPICH" in MPI.Get_library_version()
-        except ImportError:
-            _MPI_HALVES = False
-    return _MPI_HALVES
-
-
-_MPI_HALVES = None
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return False
+    return "MPICH" in MPI.Get_library_version()
 
 
 def payload_bits(codec, figures, contributors):
@@ -398,7 +394,7 @@ def predict_all(codec, nbytes, p, machine, figures=None, **kwargs):
 
 #: Names that moved to :mod:`ccl.collectives.figures`; still found here, with a warning.
 _MOVED = ("CodecFigures", "measure_figures", "calibration_path", "load_calibration",
-          "save_calibration", "HEADER_BYTES", "ERROR_SAMPLE")
+          "save_calibration", "ERROR_SAMPLE")
 
 
 def __getattr__(name):
