@@ -25,7 +25,7 @@ setup(
     packages=find_packages(include=["ccl", "ccl.*"]),
     # PEP 561: the public API's annotations are for type checkers too
     package_data={"ccl": ["py.typed"]},
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     install_requires=["mpi4py>=4.0", "numpy>=1.24", "numba>=0.59"],
     extras_require=EXTRAS,
     license="MIT",
