@@ -284,22 +284,25 @@ def run_ccl(comm, methods, specs, data, args):
 
 def run_ddp(comm, data, args):
     """AdamW under DDP (gloo): no communication hook, then PowerSGD's."""
-    import torch
-    import torch.distributed as dist
-
-    from .train_methods import init_gloo, wrap_ddp
+    from .train_methods import gloo_group
 
     rows = []
     for hook in ("adamw", "powersgd"):
-        init_gloo(comm)  # a group per method: nothing of one DDP run reaches the next
-        try:
-            model = wrap_ddp(make_model(args), hook, args.powersgd_rank, args.warmup)
-            opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98),
-                                    weight_decay=args.weight_decay)
-            rows.append(train(comm, f"ddp/{hook}", model, opt, data, args))
-        finally:
-            dist.destroy_process_group()
+        with gloo_group(comm):  # a group per method: nothing of one DDP run reaches the next
+            rows.append(_ddp_row(comm, hook, data, args))
     return rows
+
+
+def _ddp_row(comm, hook, data, args):
+    """One DDP run; its model is freed on return, inside its gloo group."""
+    import torch
+
+    from .train_methods import wrap_ddp
+
+    model = wrap_ddp(make_model(args), hook, args.powersgd_rank, args.warmup)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98),
+                            weight_decay=args.weight_decay)
+    return train(comm, f"ddp/{hook}", model, opt, data, args)
 
 
 def seconds_to(curve, loss):

@@ -121,21 +121,16 @@ def _table(rows, seconds_to):
 
 def main_fsdp(comm, data, args, make_model, train, seconds_to, title):
     """Run ``fsdp2`` and the ``--fsdp-rows``; print the table, write ``--json`` (rank 0)."""
-    import torch.distributed as dist
-
     import ccl.torch as ct
 
-    from .train_methods import init_gloo
+    from .train_methods import gloo_group
 
     rows = []
     ct.init(comm)
     try:
         for spec in [None] + list(args.fsdp_rows):
-            init_gloo(comm)  # a group per row: nothing of one run reaches the next
-            try:
+            with gloo_group(comm):  # a group per row: nothing of one run reaches the next
                 rows.append(_row(comm, spec, data, args, make_model, train))
-            finally:
-                dist.destroy_process_group()
     finally:
         ct.shutdown()
     if comm.rank == 0:

@@ -24,7 +24,6 @@ more about per-step overheads than about a network.
 import argparse
 import json
 import os
-import socket
 import time
 
 import numpy as np
@@ -189,40 +188,31 @@ def run_ccl(comm, specs, data, args):
     return rows
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ddp(comm, hooks, data, args):
     """Train once per DDP comm hook on the gloo backend."""
+    from .train_methods import gloo_group
+
+    with gloo_group(comm):
+        return [_ddp_row(comm, hook, data, args) for hook in hooks]
+
+
+def _ddp_row(comm, hook, data, args):
+    """One DDP run; its model is freed on return, inside the gloo group."""
     import torch
-    import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(comm.bcast(_free_port() if comm.rank == 0 else None))
-    dist.init_process_group("gloo", init_method="env://", rank=comm.rank,
-                            world_size=comm.size)
-    rows = []
-    try:
-        for hook in hooks:
-            model = torch.nn.parallel.DistributedDataParallel(mlp(args.hidden, args.seed))
-            if hook == "fp16":
-                model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-            elif hook == "powersgd":
-                # rank-1 approximation after 10 uncompressed warm-up steps (error feedback
-                # needs them: DDP rebuilds its buckets after the first step)
-                state = powerSGD_hook.PowerSGDState(process_group=None,
-                                                    matrix_approximation_rank=1,
-                                                    start_powerSGD_iter=10)
-                model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-            optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-            rows.append(_run(comm, f"ddp/{hook}", model, optimizer, data, args))
-    finally:
-        dist.destroy_process_group()
-    return rows
+    model = torch.nn.parallel.DistributedDataParallel(mlp(args.hidden, args.seed))
+    if hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "powersgd":
+        # rank-1 approximation after 10 uncompressed warm-up steps (error feedback
+        # needs them: DDP rebuilds its buckets after the first step)
+        state = powerSGD_hook.PowerSGDState(process_group=None,
+                                            matrix_approximation_rank=1,
+                                            start_powerSGD_iter=10)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    return _run(comm, f"ddp/{hook}", model, optimizer, data, args)
 
 
 def _table(rows):

@@ -160,26 +160,19 @@ def run_methods(comm, methods, data, args, progress):
             ct.shutdown()
     group = [m for m in methods if kind(m) == "ddp"]
     if group:
-        import torch.distributed as dist
-
-        train_methods.init_gloo(comm)
-        try:
+        with train_methods.gloo_group(comm):
             rows.update((m, train(comm, m, data, args, progress)) for m in group)
-        finally:
-            dist.destroy_process_group()
     group = [m for m in methods if kind(m) == "hook"]
     if group:  # DDP on gloo, averaging through ccl's hook on ccl's own communicator
         import ccl
         import ccl.torch as ct
-        import torch.distributed as dist
 
         ccl.warmup(codec_ids(group))
         ct.init(comm)
-        train_methods.init_gloo(comm)
         try:
-            rows.update((m, train(comm, m, data, args, progress)) for m in group)
+            with train_methods.gloo_group(comm):
+                rows.update((m, train(comm, m, data, args, progress)) for m in group)
         finally:
-            dist.destroy_process_group()
             ct.shutdown()
     rows.update((m, train(comm, m, data, args, progress))
                 for m in methods if kind(m) == "local")

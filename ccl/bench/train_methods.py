@@ -31,7 +31,9 @@ namespace of its own) every rank uses its first non-loopback interface
 (``GLOO_SOCKET_IFNAME``) and the rendezvous is rank 0's address on it.
 """
 
+import contextlib
 import fcntl
+import gc
 import os
 import socket
 import struct
@@ -167,6 +169,28 @@ def init_gloo(comm):
     dist.init_process_group("gloo", init_method="env://", rank=comm.rank,
                             world_size=comm.size)
     return address
+
+
+@contextlib.contextmanager
+def gloo_group(comm):
+    """A gloo group (:func:`init_gloo`) for the ``with`` block, destroyed after what it freed.
+
+    torch's ``ProcessGroupGloo`` destructor waits for its worker threads
+    while holding the GIL. Where a DDP model's reducer holds the group's last
+    reference when it is freed, and a worker needs the GIL to free a tensor,
+    the process hangs. So the models must not outlive the block (build and
+    train them in a function called inside it), and a garbage collection
+    frees what they left in reference cycles while the group is still
+    registered, before the group is destroyed.
+    """
+    import torch.distributed as dist
+
+    init_gloo(comm)
+    try:
+        yield
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
 
 
 def wrap_ddp(model, hook, powersgd_rank=POWERSGD_RANK, powersgd_start=POWERSGD_START):
