@@ -44,7 +44,7 @@ moves it), overall and after the warm-up. DDP's bytes are not counted
 
 Under the emulated cluster (``python -m ccl.bench.cluster ... --``) each rank
 has a network namespace of its own; gloo then rendezvouses on rank 0's
-address (:func:`ccl.bench.train_methods.init_gloo`).
+address (:func:`ccl.bench.gloo.init_gloo`).
 """
 
 import argparse
@@ -284,7 +284,7 @@ def run_ccl(comm, methods, specs, data, args):
 
 def run_ddp(comm, data, args):
     """AdamW under DDP (gloo): no communication hook, then PowerSGD's."""
-    from .train_methods import gloo_group
+    from .gloo import gloo_group
 
     rows = []
     for hook in ("adamw", "powersgd"):

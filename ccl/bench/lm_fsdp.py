@@ -123,7 +123,7 @@ def main_fsdp(comm, data, args, make_model, train, seconds_to, title):
     """Run ``fsdp2`` and the ``--fsdp-rows``; print the table, write ``--json`` (rank 0)."""
     import ccl.torch as ct
 
-    from .train_methods import gloo_group
+    from .gloo import gloo_group
 
     rows = []
     ct.init(comm)

@@ -190,7 +190,7 @@ def run_ccl(comm, specs, data, args):
 
 def run_ddp(comm, hooks, data, args):
     """Train once per DDP comm hook on the gloo backend."""
-    from .train_methods import gloo_group
+    from .gloo import gloo_group
 
     with gloo_group(comm):
         return [_ddp_row(comm, hook, data, args) for hook in hooks]

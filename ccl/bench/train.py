@@ -39,6 +39,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import train_methods
+from .gloo import gloo_group
 from .train_methods import METHODS, codec_ids, kind
 
 #: The default target test accuracy (lowered to ``ddp/none``'s final accuracy if that is lower).
@@ -160,7 +161,7 @@ def run_methods(comm, methods, data, args, progress):
             ct.shutdown()
     group = [m for m in methods if kind(m) == "ddp"]
     if group:
-        with train_methods.gloo_group(comm):
+        with gloo_group(comm):
             rows.update((m, train(comm, m, data, args, progress)) for m in group)
     group = [m for m in methods if kind(m) == "hook"]
     if group:  # DDP on gloo, averaging through ccl's hook on ccl's own communicator
@@ -170,7 +171,7 @@ def run_methods(comm, methods, data, args, progress):
         ccl.warmup(codec_ids(group))
         ct.init(comm)
         try:
-            with train_methods.gloo_group(comm):
+            with gloo_group(comm):
                 rows.update((m, train(comm, m, data, args, progress)) for m in group)
         finally:
             ct.shutdown()
