@@ -18,7 +18,6 @@ reason: the GPU conftest must set the simulator before numba is imported.
 """
 
 import pathlib
-import socket
 
 import pytest
 from mpi4py import MPI
@@ -56,22 +55,18 @@ def pytest_runtest_setup(item):
         pytest.skip(f"training or benchmark run: at most {most.args[0]} ranks")
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def process_group():
-    """A gloo process group over the world's ranks (DDP's, FSDP's), one per test module."""
-    dist = pytest.importorskip("torch.distributed")
-    world = MPI.COMM_WORLD
-    port = world.bcast(_free_port() if world.rank == 0 else None)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.rank,
-                            world_size=world.size)
-    yield
-    dist.destroy_process_group()
+    """A gloo process group over the world's ranks (DDP's, FSDP's), one per test module.
+
+    The benchmarks' group (:func:`ccl.bench.gloo.gloo_group`): the garbage the
+    module's tests left is collected before the group is destroyed.
+    """
+    pytest.importorskip("torch.distributed")
+    from ccl.bench.gloo import gloo_group
+
+    with gloo_group(MPI.COMM_WORLD):
+        yield
 
 
 @pytest.fixture

@@ -92,9 +92,8 @@ def measure_figures(codec, elements=ERROR_SAMPLE, timed=False, seed=7):
     Deterministic without ``timed`` (a fixed seed), so every rank finds the
     same figures.
     """
-    import time
-
     import copy
+    import time
 
     from .._xp import host_norm
     from ..codecs.context import CodecContext
