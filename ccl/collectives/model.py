@@ -28,8 +28,8 @@ input bytes per rank and an algorithm it predicts (:func:`predict`):
   hop has ``F = (p + 1) / 2``, a binomial tree ``1 + log2(p) / 2``, direct
   ``(2p - 1) / p`` and the allgather 1; a codec whose payloads add exactly
   (THC's integer lanes, random-k's shared indices) has ``F = 1`` everywhere,
-  one whose additions round (fp16, bf16) about ``(p + 3) / 2`` in the ring
-  and in direct, whose owners add ``p`` payloads.
+  one whose additions round (fp16, bf16) about ``(p + 3) / 2`` in the ring,
+  and ``(2p - 1) / p`` in direct, whose owners sum them decoded.
 
 The codec's inputs (:class:`~ccl.collectives.figures.CodecFigures`) come
 from :mod:`ccl.collectives.figures`: calibrated by ``python -m ccl.bench
@@ -151,8 +151,8 @@ def payload_bits(codec, figures, contributors):
 
     >>> from ccl.codecs import get_codec
     >>> thc = get_codec("thc")
-    >>> [payload_bits(thc, codec_figures(thc), c) for c in (1, 2, 16, 4096)]
-    [4.0, 8.0, 16.0, 32.0]
+    >>> [payload_bits(thc, codec_figures(thc), c) for c in (1, 2, 16, 4096, 8192)]
+    [4.0, 8.0, 8.0, 16.0, 32.0]
     """
     if contributors > 1 and codec is not None and codec.homomorphic:
         widened = codec.sum_bits_per_value(contributors)
@@ -169,12 +169,16 @@ def lossy_weight(algorithm, p, exact_sum=False, homomorphic=False):
     contributions adds ``k / p`` of the sum's energy, times the codec's
     squared one-shot error. A homomorphic codec whose sums round (fp16,
     bf16) encodes every input once and rounds every partial sum it adds:
-    in the ring and at direct's owners, sums of 2 to ``p`` contributions.
+    in the ring and the tree, sums of 2 to ``p`` contributions. ``direct``'s
+    owners sum such payloads decoded and encode the sum once
+    (:attr:`ccl.codecs.Codec.sum_rounds`): two lossy points, as for any codec.
 
     >>> [round(lossy_weight(a, 16), 3) for a in ("allgather", "direct", "tree", "ring")]
     [1.0, 1.938, 3.0, 8.5]
-    >>> round(lossy_weight("direct", 16, homomorphic=True), 3)
+    >>> round(lossy_weight("ring", 16, homomorphic=True), 3)
     9.438
+    >>> round(lossy_weight("direct", 16, homomorphic=True), 3)
+    1.938
     >>> lossy_weight("ring", 16, exact_sum=True)
     1.0
     """
@@ -182,7 +186,7 @@ def lossy_weight(algorithm, p, exact_sum=False, homomorphic=False):
         return 0.0
     if p <= 1 or exact_sum or algorithm == "allgather":
         return 1.0
-    if homomorphic:  # each input encoded once, then every rounded partial sum
+    if homomorphic and algorithm != "direct":  # each input once, then every rounded sum
         if algorithm == "tree":
             return 1.0 + sum(_tree_adds(r, p) for r in range(p)) / p
         return 1.0 + (p * (p + 1) / 2 - 1) / p
