@@ -177,6 +177,15 @@ def test_auto_past_four_ranks_picks_the_models_fastest():
     assert auto.decide(fp16, 64 << 20, 4, np.float32, link_gbps=1.0).algorithm == "ring"
 
 
+def test_equally_fast_algorithms_go_to_the_smaller_error():
+    # where ranks share cores a re-encoding ring and direct pay the same latency, bytes
+    # and coding; direct keeps two lossy points, the ring re-encodes at every hop
+    sidco, shared = get_codec("sidco"), model.Machine(1.0, 1e-3, share=0.25)
+    ring, direct = (model.predict(a, sidco, 16 << 20, 8, shared) for a in ("ring", "direct"))
+    assert ring.seconds == direct.seconds and direct.error < ring.error
+    assert model.best(sidco, 16 << 20, 8, shared, candidates=("ring", "direct")) == direct
+
+
 # ------------------------------------------------------------------ against real runs
 @pytest.mark.mpi
 @pytest.mark.parametrize("codec", ["fp16", "onebit", {"id": "thc", "bits": 4}, "topk"], ids=str)

@@ -375,8 +375,11 @@ def _hierarchical(algorithm, codec, nbytes, p, machine, figures, itemsize, pipel
 def best(codec, nbytes, p, machine, figures=None, candidates=FLAT, **kwargs):
     """The fastest of ``candidates`` whose error is within :func:`error_bound` (a Prediction).
 
-    Ties go to the earlier candidate; where none is within the bound, the one
-    with the smallest error.
+    Equally fast candidates go to the smaller error (a ring that re-encodes
+    at every hop and ``direct`` move the same bytes and do the same coding,
+    so they tie where ranks share cores; ``direct`` keeps two lossy
+    points), then to the earlier candidate; where none is within the bound,
+    the one with the smallest error.
     """
     figures = figures or codec_figures(codec)
     found = [predict(name, codec, nbytes, p, machine, figures, **kwargs) for name in candidates]
@@ -384,7 +387,7 @@ def best(codec, nbytes, p, machine, figures=None, candidates=FLAT, **kwargs):
     allowed = [f for f in found if f.error <= bound * (1 + 1e-9)]
     if not allowed:
         return min(found, key=lambda f: f.error)
-    return min(allowed, key=lambda f: f.seconds)
+    return min(allowed, key=lambda f: (f.seconds, f.error))
 
 
 def predict_all(codec, nbytes, p, machine, figures=None, **kwargs):
