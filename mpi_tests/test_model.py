@@ -51,6 +51,21 @@ def test_error_grows_with_relays_and_stays_flat_without():
     assert all(model.lossy_weight(a, 1024, True, True) == 1.0 for a in model.FLAT)
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "direct", "tree", "allgather"])
+def test_own_work_per_call_and_payload_at_the_share_of_cores(algorithm):
+    # no bytes on the wire, an infinitely fast codec: what is left is ccl's own work
+    onebit = get_codec("onebit")
+    instant = _figures("onebit")._replace(encode_gbps=np.inf, decode_gbps=np.inf)
+    for p, share in ((2, 1.0), (8, 0.25), (1024, 1.0)):
+        machine = model.Machine(np.inf, 0.0, share)
+        seconds = model.predict(algorithm, onebit, 0, p, machine, instant).seconds
+        own = (model.CALL_SECONDS + model.PAYLOAD_SECONDS * model.payloads(algorithm, p)) / share
+        assert seconds == pytest.approx(own, rel=1e-9)
+    # the ring's and direct's payloads grow with p, the tree's with log p
+    assert model.payloads(algorithm, 1024) == {"ring": 4092, "direct": 4092, "tree": 12,
+                                               "allgather": 1024}[algorithm]
+
+
 def test_lossy_weight_of_the_tree_counts_every_subtree():
     # p = 4: ranks 1 and 3 encode themselves, rank 2 two, the root four: 8 / 4
     assert model.lossy_weight("tree", 4) == 2.0

@@ -13,7 +13,9 @@ input bytes per rank and an algorithm it predicts (:func:`predict`):
   latency (alpha, :func:`steps`); every byte the link's time (beta, the
   rate ``MPI_Allreduce`` reaches); every encoded and decoded element the
   codec's time (gamma) at its one-core speed times the rank's share of
-  the cores (:class:`Machine`). Where the algorithm is pipelined (ring and
+  the cores (:class:`Machine`); every call and every payload a rank
+  handles ccl's own work (:data:`CALL_SECONDS`, :func:`payloads`), at
+  the same share. Where the algorithm is pipelined (ring and
   direct, segments), codec time overlaps the transfers, also where ranks
   share cores: the link moves one segment while a core codes the next
   (measured on 4 emulated hosts on 2 cores: THC's ``direct`` at 64 MB took
@@ -45,7 +47,8 @@ from .figures import HEADER_BYTES, codec_figures
 
 __all__ = ["ALGORITHMS", "FLAT", "Machine", "Prediction", "predict", "predict_all", "best",
            "mpi_sent_bytes", "mpi_halves", "payload_bits", "lossy_weight", "combined_error",
-           "error_bound", "steps", "ERROR_BOUND"]
+           "error_bound", "steps", "payloads", "ERROR_BOUND", "CALL_SECONDS",
+           "PAYLOAD_SECONDS"]
 
 #: The algorithms the model knows ("mpi": the MPI library's own allreduce).
 ALGORITHMS = ("mpi", "ring", "tree", "direct", "allgather", "hierarchical")
@@ -58,6 +61,13 @@ ERROR_BOUND = 2.0
 OVERLAP_LEFT = 0.25
 #: Shared memory between the ranks of a node, Gbit/s (a memory copy, per rank).
 NODE_GBPS = 80.0
+#: ccl's own work once per compressed call (planning, error feedback, the result), seconds
+#: of one core, and for each payload a rank sends or receives (the encode or decode call,
+#: its framing, the message's queueing): fitted to compressed allreduces of 16 KB per rank
+#: (1-bit, 2 to 8 ranks on the 2-core VM, shared memory), where they are all of the time:
+#: ``mpiexec -n P python -m mpi4py -m ccl.bench --codecs onebit --sizes 16KB --reps 20``.
+CALL_SECONDS = 3.8e-4
+PAYLOAD_SECONDS = 5.8e-5
 
 
 class Machine(namedtuple("Machine", ["link_gbps", "latency_s", "share", "burst_bytes",
@@ -105,6 +115,25 @@ def steps(algorithm, p):
     log = math.ceil(math.log2(p))
     return {"ring": 2 * (p - 1), "direct": 2, "tree": 2 * log, "allgather": log,
             "mpi": 2 * log}.get(algorithm, 2 * (p - 1))
+
+
+def payloads(algorithm, p):
+    """Payloads a rank of ``algorithm`` at ``p`` ranks encodes or decodes, each sent or received.
+
+    Each costs :data:`PAYLOAD_SECONDS` of ccl's own work besides its bytes
+    and codec throughput: at 1024 ranks the ring's and ``direct``'s
+    ``4 (p - 1)`` of them are a quarter of a second of one core.
+
+    >>> payloads("ring", 4), payloads("direct", 4), payloads("tree", 4), payloads("allgather", 4)
+    (12, 12, 4, 4)
+    """
+    if p <= 1:
+        return 0
+    log = math.ceil(math.log2(p))
+    # ring and direct: a worker's p - 1 chunks out, p - 1 in to add, p - 1 results in;
+    # tree: up to log p children in, one sum up, the broadcast in; allgather: one out, p - 1 in
+    return {"ring": 4 * (p - 1), "direct": 4 * (p - 1), "tree": log + 2,
+            "allgather": p}.get(algorithm, 0)
 
 
 def mpi_sent_bytes(nbytes, p):
@@ -336,6 +365,11 @@ def predict(algorithm, codec, nbytes, p, machine, figures=None, itemsize=4, pipe
         wire = wire_seconds(sent, codec_s)
     else:
         raise ValueError(f"unknown algorithm {algorithm!r}; the model knows {ALGORITHMS}")
+    # ccl's own work per call and payload, at the rank's share of the cores, runs beside the
+    # codec (16 KB calls, which are nothing else, took 0.6 ms at 2 ranks and 6.5 ms at 8
+    # ranks on 2 cores)
+    codec_s += (CALL_SECONDS + PAYLOAD_SECONDS * payloads(algorithm, p)) / min(machine.share,
+                                                                              1.0)
     busy = (max(wire, codec_s) + OVERLAP_LEFT * min(wire, codec_s) if overlap
             else wire + codec_s)
     error = combined_error(figures.error, lossy_weight(algorithm, p, figures.exact_sum,
