@@ -7,7 +7,7 @@ codec whose payloads add exactly (THC's integer lanes) adds them encoded
 instead. The owners' payloads are then sent to every rank unchanged. Two
 lossy points per element, whatever the rank count: fp16 and bf16, whose
 encoded sums would round at each of the owner's ``p - 1`` additions
-(:attr:`ccl.codecs.Codec.sum_rounds`), are summed decoded, so their error
+(``Codec.sum_rounds``), are summed decoded, so their error
 stays flat in ``p`` too.
 
 **Pipelining.** Chunks are cut into the call's segments (units, see

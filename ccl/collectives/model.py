@@ -62,11 +62,12 @@ OVERLAP_LEFT = 0.25
 #: Shared memory between the ranks of a node, Gbit/s (a memory copy, per rank).
 NODE_GBPS = 80.0
 #: ccl's own work once per compressed call (planning, error feedback, the result), seconds
-#: of one core, and for each payload a rank sends or receives (the encode or decode call,
-#: its framing, the message's queueing): fitted to compressed allreduces of 16 KB per rank
-#: (1-bit, 2 to 8 ranks on the 2-core VM, shared memory), where they are all of the time:
-#: ``mpiexec -n P python -m mpi4py -m ccl.bench --codecs onebit --sizes 16KB --reps 20``.
+#: of one core: fitted, with :data:`PAYLOAD_SECONDS`, to compressed allreduces of 16 KB per
+#: rank (1-bit, 2 to 8 ranks on the 2-core VM, shared memory), where they are all of the
+#: time: ``mpiexec -n P python -m mpi4py -m ccl.bench --codecs onebit --sizes 16KB``.
 CALL_SECONDS = 3.8e-4
+#: ccl's own work for each payload a rank sends or receives (the encode or decode call, its
+#: framing, the message's queueing), seconds of one core (:func:`payloads` counts them).
 PAYLOAD_SECONDS = 5.8e-5
 
 
@@ -200,7 +201,7 @@ def lossy_weight(algorithm, p, exact_sum=False, homomorphic=False):
     bf16) encodes every input once and rounds every partial sum it adds:
     in the ring and the tree, sums of 2 to ``p`` contributions. ``direct``'s
     owners sum such payloads decoded and encode the sum once
-    (:attr:`ccl.codecs.Codec.sum_rounds`): two lossy points, as for any codec.
+    (``Codec.sum_rounds``): two lossy points, as for any codec.
 
     >>> [round(lossy_weight(a, 16), 3) for a in ("allgather", "direct", "tree", "ring")]
     [1.0, 1.938, 3.0, 8.5]
