@@ -192,6 +192,20 @@ def test_auto_past_four_ranks_picks_the_models_fastest():
     assert auto.decide(fp16, 64 << 20, 4, np.float32, link_gbps=1.0).algorithm == "ring"
 
 
+def test_auto_weighs_the_hierarchical_run_on_nodes_of_several_ranks():
+    # 1024 ranks at 25 Gbit/s: a flat 3LC call handles 4 (p - 1) payloads a rank and loses
+    # to MPI_Allreduce; on nodes of 8 ranks it runs hierarchically, 128 ranks across
+    three = get_codec("3lc")
+    flat = auto.decide(three, 256 << 20, 1024, np.float32, link_gbps=25.0, latency=1e-5)
+    nodes = auto.decide(three, 256 << 20, 1024, np.float32, link_gbps=25.0, latency=1e-5,
+                        ranks_per_node=8)
+    assert flat.algorithm == "mpi" and flat.estimate[1] > flat.estimate[0]
+    machine = model.Machine(25.0, 1e-5, ranks_per_node=8)
+    across = model.predict("hierarchical", three, 256 << 20, 1024, machine)
+    assert (nodes.algorithm, nodes.reason) == (across.algorithm.split("/")[1], "model: compress")
+    assert nodes.estimate == (flat.estimate[0], across.seconds)
+
+
 def test_equally_fast_algorithms_go_to_the_smaller_error():
     # where ranks share cores a re-encoding ring and direct pay the same latency, bytes
     # and coding; direct keeps two lossy points, the ring re-encodes at every hop
