@@ -2,9 +2,12 @@
 
 ``mpi_tests/checkpoints/v<N>/`` holds, per scenario (``checkpoints/scenarios.py``)
 and rank, a checkpoint saved at two ranks by the code of format version N.
-Loaded at two ranks on the rank that saved it, training continues bit for bit
-to the weights the saving run reached; at any other rank count (or another
-rank's file) everything but the per-rank residuals loads, with one warning.
+Loaded at two ranks on the rank that saved it, training continues to the
+weights the saving run reached (bit for bit on the saving machine; to a few
+ulps on a CPU whose float kernels round otherwise), and bit for bit to what
+the loaded state, saved again in today's format and loaded, continues to;
+at any other rank count (or another rank's file) everything but the
+per-rank residuals loads, with one warning.
 """
 
 import glob
@@ -84,8 +87,16 @@ def test_saved_checkpoint_loads(comm, hvd, version, name):
     assert (residual_sum(now) > 0) == own  # this rank's residuals only where they are its own
     if own:
         assert residual_sum(now) == residual_sum(saved["ccl"])
+        again = Run(name)  # the loaded state, saved in today's format and loaded anew
+        again.load(run.save())
         run.train(MORE, start=BEFORE)
-        assert torch.equal(run.flat(), saved["after"])
+        again.train(MORE, start=BEFORE)
+        # bit for bit on this machine: nothing of the loaded state is lost on the way
+        assert torch.equal(again.flat(), run.flat())
+        # the saving machine's weights: another CPU's float kernels round a few values
+        # differently (1 to 4 ulps in up to 41 of 163 values, the code of the files' own
+        # commit included, on a CPU with AVX-512); a state that loaded wrong is far off
+        torch.testing.assert_close(run.flat(), saved["after"], rtol=1e-5, atol=1e-7)
     else:
         assert f"rank {comm.rank} of {comm.size}" in told[0] and "steps" in told[0]
         run.train(1, start=BEFORE)  # and training goes on

@@ -96,6 +96,31 @@ def test_reduce_scatter_returns_this_ranks_block(comm, codec, algorithm):
         np.testing.assert_allclose(block, expected, atol=TOLERANCE[codec] * comm.size * 4)
 
 
+def _relative_error(y, exact):
+    return np.linalg.norm(np.asarray(y, np.float64) - exact) / np.linalg.norm(exact)
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16"])
+def test_direct_sums_rounding_casts_decoded_so_the_error_stays_flat(comm, codec):
+    """Every input rounded once, every owner's sum once: no rounding per addition.
+
+    Adding the payloads encoded would round each of the owner's ``p - 1``
+    partial sums (the error grew from 1.5x to 3.2x the one-shot error between 2
+    and 16 ranks); summed decoded it is ``sqrt((2p - 1) / p)`` times it at any
+    ``p``, and the reduce-scatter's owner returns its exact sum.
+    """
+    p, n = comm.size, 1 << 16
+    x = rank_input(comm.rank, n)
+    exact = exact_sum(p, n)
+    c = get_codec(codec)
+    one_shot = _relative_error(c.decode(c.encode(exact.astype(np.float32))), exact)
+    y = ccl.compressed_allreduce(x, codec, comm=comm, algorithm="direct")
+    assert _relative_error(y, exact) <= np.sqrt((2 * p - 1) / p) * one_shot * 1.1
+    block = ccl.reduce_scatter(x, codec, comm=comm, algorithm="direct")
+    mine = np.array_split(exact, p)[comm.rank]
+    assert _relative_error(block, mine) <= np.sqrt((p - 1) / p) * one_shot * 1.1
+
+
 def test_auto_reduce_scatter_sends_each_chunk_once_at_the_codecs_width(comm):
     # a ring widens THC's lanes at every hop; auto's direct sends each chunk to its owner
     # at the encoded width: never more bytes than the ring, fewer from 3 ranks on

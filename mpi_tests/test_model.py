@@ -35,15 +35,35 @@ def test_error_grows_with_relays_and_stays_flat_without():
     assert ring == sorted(ring) and ring[-1] > 20 * fig.error  # ~ sqrt((p + 1) / 2)
     assert tree == sorted(tree) and tree[-1] < 3 * fig.error   # ~ sqrt(1 + log2(p) / 2)
     assert max(direct) < np.sqrt(2) * fig.error * 1.001          # two lossy points
-    # fp16 adds payloads and rounds every partial sum: direct's owners too
+    # fp16 adds payloads and rounds every partial sum in the ring; direct's owners sum
+    # them decoded and encode once, so its error stays flat
     fp16 = _figures("fp16")
-    rounded = [model.combined_error(fp16.error, model.lossy_weight("direct", p, False, True))
-               for p in ranks]
-    assert rounded == sorted(rounded) and rounded[-1] > 20 * fp16.error
+
+    def rounded(algorithm):
+        return [model.combined_error(fp16.error, model.lossy_weight(algorithm, p, False, True))
+                for p in ranks]
+
+    assert rounded("ring") == sorted(rounded("ring")) and rounded("ring")[-1] > 20 * fp16.error
+    assert max(rounded("direct")) < np.sqrt(2) * fp16.error * 1.001
     # integer lanes add exactly: one lossy point whatever the algorithm
     thc = _figures({"id": "thc", "bits": 4})
     assert thc.exact_sum
     assert all(model.lossy_weight(a, 1024, True, True) == 1.0 for a in model.FLAT)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "direct", "tree", "allgather"])
+def test_own_work_per_call_and_payload_at_the_share_of_cores(algorithm):
+    # no bytes on the wire, an infinitely fast codec: what is left is ccl's own work
+    onebit = get_codec("onebit")
+    instant = _figures("onebit")._replace(encode_gbps=np.inf, decode_gbps=np.inf)
+    for p, share in ((2, 1.0), (8, 0.25), (1024, 1.0)):
+        machine = model.Machine(np.inf, 0.0, share)
+        seconds = model.predict(algorithm, onebit, 0, p, machine, instant).seconds
+        own = (model.CALL_SECONDS + model.PAYLOAD_SECONDS * model.payloads(algorithm, p)) / share
+        assert seconds == pytest.approx(own, rel=1e-9)
+    # the ring's and direct's payloads grow with p, the tree's with log p
+    assert model.payloads(algorithm, 1024) == {"ring": 4092, "direct": 4092, "tree": 12,
+                                               "allgather": 1024}[algorithm]
 
 
 def test_lossy_weight_of_the_tree_counts_every_subtree():
@@ -154,11 +174,14 @@ def test_auto_past_four_ranks_picks_the_models_fastest():
     machine = model.Machine(1.0)
     fp16 = get_codec("fp16")
     best = model.best(fp16, 64 << 20, 16, machine)
-    # fp16 rounds each partial sum it adds: ~9.4 lossy points in the ring and direct at 16,
-    # 5 in the tree; only the allgather stays within the bound, and MPI_Allreduce beats it
-    assert best.algorithm == "allgather"
+    # fp16 rounds each partial sum it adds: ~9.4 lossy points in the ring at 16, 5 in the
+    # tree; direct's owners sum decoded (two lossy points) and move the ring's bytes
+    assert best.algorithm == "direct"
+    ring = model.predict("ring", fp16, 64 << 20, 16, machine)
+    assert ring.seconds == best.seconds and ring.error > model.error_bound(
+        figures.codec_figures(fp16, calibration={}))
     decision = auto.decide(fp16, 64 << 20, 16, np.float32, link_gbps=1.0)
-    assert decision.algorithm == "mpi" and decision.estimate[1] == best.seconds
+    assert decision.algorithm == "direct" and decision.estimate[1] == best.seconds
     onebit = get_codec("onebit")
     # the fitting algorithm first: it wins ties (direct and ring move the same bytes)
     best = model.best(onebit, 64 << 20, 16, machine, candidates=("direct", "ring", "tree",
@@ -167,6 +190,29 @@ def test_auto_past_four_ranks_picks_the_models_fastest():
         best.algorithm == "direct"
     # up to four ranks, the fitting algorithm as before
     assert auto.decide(fp16, 64 << 20, 4, np.float32, link_gbps=1.0).algorithm == "ring"
+
+
+def test_auto_weighs_the_hierarchical_run_on_nodes_of_several_ranks():
+    # 1024 ranks at 25 Gbit/s: a flat 3LC call handles 4 (p - 1) payloads a rank and loses
+    # to MPI_Allreduce; on nodes of 8 ranks it runs hierarchically, 128 ranks across
+    three = get_codec("3lc")
+    flat = auto.decide(three, 256 << 20, 1024, np.float32, link_gbps=25.0, latency=1e-5)
+    nodes = auto.decide(three, 256 << 20, 1024, np.float32, link_gbps=25.0, latency=1e-5,
+                        ranks_per_node=8)
+    assert flat.algorithm == "mpi" and flat.estimate[1] > flat.estimate[0]
+    machine = model.Machine(25.0, 1e-5, ranks_per_node=8)
+    across = model.predict("hierarchical", three, 256 << 20, 1024, machine)
+    assert (nodes.algorithm, nodes.reason) == (across.algorithm.split("/")[1], "model: compress")
+    assert nodes.estimate == (flat.estimate[0], across.seconds)
+
+
+def test_equally_fast_algorithms_go_to_the_smaller_error():
+    # where ranks share cores a re-encoding ring and direct pay the same latency, bytes
+    # and coding; direct keeps two lossy points, the ring re-encodes at every hop
+    sidco, shared = get_codec("sidco"), model.Machine(1.0, 1e-3, share=0.25)
+    ring, direct = (model.predict(a, sidco, 16 << 20, 8, shared) for a in ("ring", "direct"))
+    assert ring.seconds == direct.seconds and direct.error < ring.error
+    assert model.best(sidco, 16 << 20, 8, shared, candidates=("ring", "direct")) == direct
 
 
 # ------------------------------------------------------------------ against real runs

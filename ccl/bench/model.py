@@ -36,9 +36,9 @@ def auto_pick(codec, nbytes, p, machine):
     """What ``auto`` runs: ``decide``'s algorithm, hierarchical across nodes of several ranks."""
     from ccl.collectives import auto
 
-    decision = auto.decide(codec, nbytes, p, np.float32, link_gbps=machine.link_gbps,
-                           cores=machine.share, latency=machine.latency_s)
     q = machine.ranks_per_node
+    decision = auto.decide(codec, nbytes, p, np.float32, link_gbps=machine.link_gbps,
+                           cores=machine.share, latency=machine.latency_s, ranks_per_node=q)
     if decision.algorithm != "mpi" and 1 < q < p and p % q == 0:
         return f"hierarchical/{decision.algorithm}"
     return decision.algorithm

@@ -95,6 +95,12 @@ class Codec(Configurable, PayloadFraming):
     identity : bool
         The codec sends values unchanged (``none``): nothing is compressed,
         so ``auto`` hands it to the MPI library. Default False.
+    sum_rounds : bool
+        Adding two payloads (:meth:`add`) rounds the sum to the payload's
+        precision (fp16, bf16), so every addition adds an error. ``direct``'s
+        owners then decode, sum exactly and encode the sum once, which
+        keeps two lossy points at any rank count; where False, a homomorphic
+        codec's payloads are added encoded. Default False.
 
     Examples
     --------
@@ -127,6 +133,7 @@ class Codec(Configurable, PayloadFraming):
     encode_gbps = decode_gbps = 1.0
     shared_statistics = False
     identity = False
+    sum_rounds = False
 
     def sum_bits_per_value(self, contributors: int) -> float:
         """Payload bits per value of a sum of ``contributors`` payloads (homomorphic codecs).

@@ -336,13 +336,18 @@ Decision = namedtuple("Decision", ["algorithm", "reason", "estimate"])
 
 
 def decide(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
-           pipelined=True, cores=1.0, latency=0.0, speeds=None, spread=1.0):
+           pipelined=True, cores=1.0, latency=0.0, speeds=None, spread=1.0,
+           ranks_per_node=1):
     """The algorithm ``auto`` resolves to, and why (:func:`choose` with the reason).
 
-    Parameters are those of :func:`choose`, and ``spread``: how much the
-    link probe's rounds varied (:func:`probe_link`). Compression must win
-    by ``max(MARGIN, spread)``: on a machine whose timings vary, by as much
-    as they vary.
+    Parameters are those of :func:`choose`, ``spread``: how much the link
+    probe's rounds varied (:func:`probe_link`), and ``ranks_per_node``:
+    where nodes hold several ranks each, a compressing call runs
+    ``hierarchical`` (exact inside a node, compressed across), so past
+    :data:`FITTING_MAX_RANKS` ranks that is what is weighed against
+    ``MPI_Allreduce``, and the algorithm returned is the one across nodes.
+    Compression must win by ``max(MARGIN, spread)``: on a machine whose
+    timings vary, by as much as they vary.
 
     Returns
     -------
@@ -380,6 +385,16 @@ def decide(codec, nbytes, size, dtype, collective="allreduce", link_gbps=None,
                 codec_share=None if speeds is None else 1.0).algorithm
         times = estimate(codec, nbytes, size, link_gbps, dtype.itemsize, modelled,
                          pipelined=pipelined, cores=cores, latency=latency, speeds=speeds)
+        q = ranks_per_node
+        if size > FITTING_MAX_RANKS and 1 < q < size and size % q == 0:
+            # the call will run hierarchically: a flat algorithm's 4 (p - 1) payloads at 1024
+            # ranks can lose to MPI where the same codec across 128 nodes wins
+            nodes = model.Machine(link_gbps, latency, cores, ranks_per_node=q)
+            across = model.predict("hierarchical", codec, nbytes, size, nodes,
+                                   _figures(codec, speeds), itemsize=dtype.itemsize,
+                                   pipelined=pipelined,
+                                   codec_share=None if speeds is None else 1.0)
+            algorithm, times = across.algorithm.split("/", 1)[1], (times[0], across.seconds)
         if times[1] * max(MARGIN, spread) > times[0]:
             return Decision("mpi", "model: MPI", times)
         return Decision(algorithm, "model: compress", times)

@@ -3,8 +3,12 @@
 Every rank sends chunk ``j`` straight to its owner ``j`` (worker point). The
 owner decodes all of them, sums in rank order with its own exact chunk, and
 re-encodes once (owner point) with its own error feedback; a homomorphic
-codec adds the payloads instead. The owners' payloads are then sent to every
-rank unchanged. Two lossy points per element, whatever the rank count.
+codec whose payloads add exactly (THC's integer lanes) adds them encoded
+instead. The owners' payloads are then sent to every rank unchanged. Two
+lossy points per element, whatever the rank count: fp16 and bf16, whose
+encoded sums would round at each of the owner's ``p - 1`` additions
+(``Codec.sum_rounds``), are summed decoded, so their error
+stays flat in ``p`` too.
 
 **Pipelining.** Chunks are cut into the call's segments (units, see
 :class:`ccl.collectives.base.Call`). Workers encode and send segment by
@@ -33,6 +37,7 @@ def _owner_sum(call, x, encode_owner, sends, broadcast):
     as it exists.
     """
     p, r, channel, codec, tag = call.size, call.rank, call.channel, call.codec, call.tag
+    add_encoded = codec.homomorphic and not codec.sum_rounds
     for k in range(call.segments):  # segment-major: every owner can start on segment 0
         for step in range(1, p):
             j = (r + step) % p  # stagger destinations so every owner is not hit at once
@@ -41,7 +46,7 @@ def _owner_sum(call, x, encode_owner, sends, broadcast):
         sends.poll()
     own_units = call.units(r)
     start = call.bounds[own_units[0]]
-    exact = None if codec.homomorphic else array_module(x).empty_like(call.chunk(x, r))
+    exact = None if add_encoded else array_module(x).empty_like(call.chunk(x, r))
     owned = []
     for u in own_units:
         received = {}
@@ -49,7 +54,7 @@ def _owner_sum(call, x, encode_owner, sends, broadcast):
             source = (r - step) % p
             received[source] = channel.recv(source, tag)
         own = call.unit(x, u)
-        if codec.homomorphic:
+        if add_encoded:
             total = None
             for i in range(p):
                 payload = call.encode(own, u, WORKER) if i == r else received[i]

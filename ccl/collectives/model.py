@@ -13,7 +13,9 @@ input bytes per rank and an algorithm it predicts (:func:`predict`):
   latency (alpha, :func:`steps`); every byte the link's time (beta, the
   rate ``MPI_Allreduce`` reaches); every encoded and decoded element the
   codec's time (gamma) at its one-core speed times the rank's share of
-  the cores (:class:`Machine`). Where the algorithm is pipelined (ring and
+  the cores (:class:`Machine`); every call and every payload a rank
+  handles ccl's own work (:data:`CALL_SECONDS`, :func:`payloads`), at
+  the same share. Where the algorithm is pipelined (ring and
   direct, segments), codec time overlaps the transfers, also where ranks
   share cores: the link moves one segment while a core codes the next
   (measured on 4 emulated hosts on 2 cores: THC's ``direct`` at 64 MB took
@@ -28,8 +30,8 @@ input bytes per rank and an algorithm it predicts (:func:`predict`):
   hop has ``F = (p + 1) / 2``, a binomial tree ``1 + log2(p) / 2``, direct
   ``(2p - 1) / p`` and the allgather 1; a codec whose payloads add exactly
   (THC's integer lanes, random-k's shared indices) has ``F = 1`` everywhere,
-  one whose additions round (fp16, bf16) about ``(p + 3) / 2`` in the ring
-  and in direct, whose owners add ``p`` payloads.
+  one whose additions round (fp16, bf16) about ``(p + 3) / 2`` in the ring,
+  and ``(2p - 1) / p`` in direct, whose owners sum them decoded.
 
 The codec's inputs (:class:`~ccl.collectives.figures.CodecFigures`) come
 from :mod:`ccl.collectives.figures`: calibrated by ``python -m ccl.bench
@@ -45,7 +47,8 @@ from .figures import HEADER_BYTES, codec_figures
 
 __all__ = ["ALGORITHMS", "FLAT", "Machine", "Prediction", "predict", "predict_all", "best",
            "mpi_sent_bytes", "mpi_halves", "payload_bits", "lossy_weight", "combined_error",
-           "error_bound", "steps", "ERROR_BOUND"]
+           "error_bound", "steps", "payloads", "ERROR_BOUND", "CALL_SECONDS",
+           "PAYLOAD_SECONDS"]
 
 #: The algorithms the model knows ("mpi": the MPI library's own allreduce).
 ALGORITHMS = ("mpi", "ring", "tree", "direct", "allgather", "hierarchical")
@@ -58,6 +61,14 @@ ERROR_BOUND = 2.0
 OVERLAP_LEFT = 0.25
 #: Shared memory between the ranks of a node, Gbit/s (a memory copy, per rank).
 NODE_GBPS = 80.0
+#: ccl's own work once per compressed call (planning, error feedback, the result), seconds
+#: of one core: fitted, with :data:`PAYLOAD_SECONDS`, to compressed allreduces of 16 KB per
+#: rank (1-bit, 2 to 8 ranks on the 2-core VM, shared memory), where they are all of the
+#: time: ``mpiexec -n P python -m mpi4py -m ccl.bench --codecs onebit --sizes 16KB``.
+CALL_SECONDS = 3.8e-4
+#: ccl's own work for each payload a rank sends or receives (the encode or decode call, its
+#: framing, the message's queueing), seconds of one core (:func:`payloads` counts them).
+PAYLOAD_SECONDS = 5.8e-5
 
 
 class Machine(namedtuple("Machine", ["link_gbps", "latency_s", "share", "burst_bytes",
@@ -107,6 +118,25 @@ def steps(algorithm, p):
             "mpi": 2 * log}.get(algorithm, 2 * (p - 1))
 
 
+def payloads(algorithm, p):
+    """Payloads a rank of ``algorithm`` at ``p`` ranks encodes or decodes, each sent or received.
+
+    Each costs :data:`PAYLOAD_SECONDS` of ccl's own work besides its bytes
+    and codec throughput: at 1024 ranks the ring's and ``direct``'s
+    ``4 (p - 1)`` of them are a quarter of a second of one core.
+
+    >>> payloads("ring", 4), payloads("direct", 4), payloads("tree", 4), payloads("allgather", 4)
+    (12, 12, 4, 4)
+    """
+    if p <= 1:
+        return 0
+    log = math.ceil(math.log2(p))
+    # ring and direct: a worker's p - 1 chunks out, p - 1 in to add, p - 1 results in;
+    # tree: up to log p children in, one sum up, the broadcast in; allgather: one out, p - 1 in
+    return {"ring": 4 * (p - 1), "direct": 4 * (p - 1), "tree": log + 2,
+            "allgather": p}.get(algorithm, 0)
+
+
 def mpi_sent_bytes(nbytes, p):
     """Bytes over the busiest link in the MPI library's own allreduce of ``nbytes`` per rank.
 
@@ -151,8 +181,8 @@ def payload_bits(codec, figures, contributors):
 
     >>> from ccl.codecs import get_codec
     >>> thc = get_codec("thc")
-    >>> [payload_bits(thc, codec_figures(thc), c) for c in (1, 2, 16, 4096)]
-    [4.0, 8.0, 16.0, 32.0]
+    >>> [payload_bits(thc, codec_figures(thc), c) for c in (1, 2, 16, 4096, 8192)]
+    [4.0, 8.0, 8.0, 16.0, 32.0]
     """
     if contributors > 1 and codec is not None and codec.homomorphic:
         widened = codec.sum_bits_per_value(contributors)
@@ -169,12 +199,16 @@ def lossy_weight(algorithm, p, exact_sum=False, homomorphic=False):
     contributions adds ``k / p`` of the sum's energy, times the codec's
     squared one-shot error. A homomorphic codec whose sums round (fp16,
     bf16) encodes every input once and rounds every partial sum it adds:
-    in the ring and at direct's owners, sums of 2 to ``p`` contributions.
+    in the ring and the tree, sums of 2 to ``p`` contributions. ``direct``'s
+    owners sum such payloads decoded and encode the sum once
+    (``Codec.sum_rounds``): two lossy points, as for any codec.
 
     >>> [round(lossy_weight(a, 16), 3) for a in ("allgather", "direct", "tree", "ring")]
     [1.0, 1.938, 3.0, 8.5]
-    >>> round(lossy_weight("direct", 16, homomorphic=True), 3)
+    >>> round(lossy_weight("ring", 16, homomorphic=True), 3)
     9.438
+    >>> round(lossy_weight("direct", 16, homomorphic=True), 3)
+    1.938
     >>> lossy_weight("ring", 16, exact_sum=True)
     1.0
     """
@@ -182,7 +216,7 @@ def lossy_weight(algorithm, p, exact_sum=False, homomorphic=False):
         return 0.0
     if p <= 1 or exact_sum or algorithm == "allgather":
         return 1.0
-    if homomorphic:  # each input encoded once, then every rounded partial sum
+    if homomorphic and algorithm != "direct":  # each input once, then every rounded sum
         if algorithm == "tree":
             return 1.0 + sum(_tree_adds(r, p) for r in range(p)) / p
         return 1.0 + (p * (p + 1) / 2 - 1) / p
@@ -332,6 +366,11 @@ def predict(algorithm, codec, nbytes, p, machine, figures=None, itemsize=4, pipe
         wire = wire_seconds(sent, codec_s)
     else:
         raise ValueError(f"unknown algorithm {algorithm!r}; the model knows {ALGORITHMS}")
+    # ccl's own work per call and payload, at the rank's share of the cores, runs beside the
+    # codec (16 KB calls, which are nothing else, took 0.6 ms at 2 ranks and 6.5 ms at 8
+    # ranks on 2 cores)
+    codec_s += (CALL_SECONDS + PAYLOAD_SECONDS * payloads(algorithm, p)) / min(machine.share,
+                                                                              1.0)
     busy = (max(wire, codec_s) + OVERLAP_LEFT * min(wire, codec_s) if overlap
             else wire + codec_s)
     error = combined_error(figures.error, lossy_weight(algorithm, p, figures.exact_sum,
@@ -371,8 +410,11 @@ def _hierarchical(algorithm, codec, nbytes, p, machine, figures, itemsize, pipel
 def best(codec, nbytes, p, machine, figures=None, candidates=FLAT, **kwargs):
     """The fastest of ``candidates`` whose error is within :func:`error_bound` (a Prediction).
 
-    Ties go to the earlier candidate; where none is within the bound, the one
-    with the smallest error.
+    Equally fast candidates go to the smaller error (a ring that re-encodes
+    at every hop and ``direct`` move the same bytes and do the same coding,
+    so they tie where ranks share cores; ``direct`` keeps two lossy
+    points), then to the earlier candidate; where none is within the bound,
+    the one with the smallest error.
     """
     figures = figures or codec_figures(codec)
     found = [predict(name, codec, nbytes, p, machine, figures, **kwargs) for name in candidates]
@@ -380,7 +422,7 @@ def best(codec, nbytes, p, machine, figures=None, candidates=FLAT, **kwargs):
     allowed = [f for f in found if f.error <= bound * (1 + 1e-9)]
     if not allowed:
         return min(found, key=lambda f: f.error)
-    return min(allowed, key=lambda f: f.seconds)
+    return min(allowed, key=lambda f: (f.seconds, f.error))
 
 
 def predict_all(codec, nbytes, p, machine, figures=None, **kwargs):

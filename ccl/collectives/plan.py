@@ -171,13 +171,14 @@ class Request:
                 found = link.profile(channel, self.link_gbps)
                 if math.isfinite(found["link_gbps"]):  # the cost model will run: time the codec
                     speeds = link.codec_speeds(channel, codec)
+            nodes = found["nodes"]  # ranks per node, node by node
+            per_node = (nodes[0] if nodes is not None and len(set(nodes)) == 1
+                        and 1 < len(nodes) < channel.size else 1)
             algorithm, self.reason, _ = auto.decide(
                 codec, nbytes, channel.size, dtype, self.collective, found["link_gbps"],
                 bool(self.segment_bytes), found["share"], found["latency_s"], speeds,
-                found.get("spread", 1.0))
-            nodes = found["nodes"]
-            if algorithm != "mpi" and nodes is not None and len(set(nodes)) == 1 \
-                    and 1 < len(nodes) < channel.size:
+                found.get("spread", 1.0), per_node)
+            if algorithm != "mpi" and per_node > 1:  # compressed across nodes, exact inside
                 self.cross, algorithm = algorithm, "hierarchical"
         if algorithm == "hierarchical" and self.cross is None:
             self.cross = self.options.cross_algorithm or auto.fitting(codec)

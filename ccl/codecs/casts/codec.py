@@ -49,6 +49,7 @@ class _HalfCodec(_CastCodec):
     """
 
     predivide_mean = True
+    sum_rounds = True  # a sum of two payloads is rounded to 16 bits again
     bits_per_value = 16.0
     _to_half = None
 
