@@ -21,6 +21,10 @@ TEST_TIMEOUT ?= 300
 RUN_TIMEOUT ?= 1200
 export MPIEXEC_TIMEOUT := $(RUN_TIMEOUT)
 export HYDRA_LAUNCHER := fork
+# Python writes its bytecode caches (__pycache__/, ignored by git): where an image sets
+# PYTHONDONTWRITEBYTECODE, every rank of every test run and every job a test launches would
+# compile ccl and the test modules again (about 3 s of each pytest process's collection)
+unexport PYTHONDONTWRITEBYTECODE
 # pytest-mpi: --with-mpi runs everything (MPI tests at the launched size); --only-mpi alone
 # runs just the MPI-marked tests (given together, --with-mpi wins and --only-mpi is ignored).
 PYTEST := -m mpi4py -m pytest -x -q --timeout=$(TEST_TIMEOUT) --timeout-method=thread
