@@ -27,7 +27,9 @@ export HYDRA_LAUNCHER := fork
 unexport PYTHONDONTWRITEBYTECODE
 # pytest-mpi: --with-mpi runs everything (MPI tests at the launched size); --only-mpi alone
 # runs just the MPI-marked tests (given together, --with-mpi wins and --only-mpi is ignored).
-PYTEST := -m mpi4py -m pytest -x -q --timeout=$(TEST_TIMEOUT) --timeout-method=thread
+# every rank dumps its threads' stacks 20 s before its test's limit (pytest.ini says why)
+PYTEST := -m mpi4py -m pytest -x -q --timeout=$(TEST_TIMEOUT) --timeout-method=thread \
+	-o faulthandler_timeout=$(shell expr $(TEST_TIMEOUT) - 20)
 # Pinned exactly and installed before the extras: an open torch range pulls GBs of CUDA wheels.
 TORCH_PIN ?= torch==2.13.0
 # A second environment with the Open MPI wheel; its mpiexec runs as root in containers and
