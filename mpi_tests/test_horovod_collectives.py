@@ -5,6 +5,8 @@ other rank's input and compute the exact reference with torch math (or
 compare with the MPI library's own collectives through mpi4py).
 """
 
+import threading
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -12,6 +14,7 @@ from mpi4py import MPI
 torch = pytest.importorskip("torch")
 
 import ccl.torch as ct  # noqa: E402
+from ccl.torch import handles  # noqa: E402
 from ccl.testing import assert_same_on_all_ranks  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -287,9 +290,17 @@ def test_bad_arguments_raise_on_every_rank(hvd):
 
 
 def test_duplicate_name_in_flight(hvd):
+    # A name is free again as soon as its collective has run (as in Horovod), so the
+    # collectives' thread is held until the second call: else "dup" may be done by then.
+    gate = threading.Event()
+    held = handles.submit("gate", None, None, lambda ps, name, error: gate.wait(60))
     handle = hvd.allreduce_async(torch.ones(4), name="dup")
-    with pytest.raises(ValueError, match="in flight"):
-        hvd.allreduce_async(torch.ones(4), name="dup")
+    try:
+        with pytest.raises(ValueError, match="in flight"):
+            hvd.allreduce_async(torch.ones(4), name="dup")
+    finally:
+        gate.set()
+    assert hvd.synchronize(held) is True
     assert hvd.synchronize(handle).tolist() == [1.0] * 4
     # the name is free again once its collective is done
     assert hvd.allreduce(torch.ones(1), name="dup").item() == 1.0
