@@ -166,7 +166,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=global_process_set, *, codec=None, algorithm=None,
                          fusion_threshold_bytes=None, min_compress_bytes=_DEFAULT_MIN_COMPRESS,
-                         lr_corrected=False):
+                         lr_corrected=False, momentum_correction=True):
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over the set (collective).
 
     Horovod's signature; ccl's options as keywords. See
@@ -209,7 +209,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     process_set : ProcessSet
         The ranks whose gradients are averaged (default: every rank); only
         its members call this, and ``step()`` is collective over them.
-    codec, algorithm, fusion_threshold_bytes, min_compress_bytes, lr_corrected
+    codec, algorithm, fusion_threshold_bytes, min_compress_bytes, lr_corrected, momentum_correction
         ccl's options (``codec`` instead of ``compression``);
         ``fusion_threshold_bytes`` defaults to ``HOROVOD_FUSION_THRESHOLD``
         when that is set, else ``DEFAULT_FUSION_THRESHOLD_BYTES``. A codec from
@@ -285,7 +285,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         algorithm = fitting(resolved) if resolved is not None and codec is None else "auto"
     wrapped = wrap(runtime, optimizer, named_parameters, resolved, algorithm,
                    backward_passes_per_step, reduce_op, fusion_threshold_bytes,
-                   min_compress, lr_corrected, labels)
+                   min_compress, lr_corrected, labels, momentum_correction)
     wrapped._ccl_sparse_hooks = sparse_hooks
     if gradient_predivide_factor != 1.0:  # Horovod: divide by f before the sum, f/size after
         wrapped._ccl.prescale = 1.0 / gradient_predivide_factor

@@ -31,6 +31,7 @@ from .buckets import Plan, plan_buckets  # plan_buckets: re-exported, public her
 from .engine import decision_stats
 from .reducer import Reducer
 from .runtime import current
+from .sgd_momentum import LocalMomentum, applies
 
 __all__ = ["DistributedOptimizer", "DEFAULT_FUSION_THRESHOLD_BYTES", "plan_buckets", "wrap"]
 
@@ -275,7 +276,8 @@ def _subclass(base):
 def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm="auto",
                          backward_passes_per_step=1, op="mean",
                          fusion_threshold_bytes=DEFAULT_FUSION_THRESHOLD_BYTES,
-                         min_compress_bytes=MIN_COMPRESS_BYTES, lr_corrected=False):
+                         min_compress_bytes=MIN_COMPRESS_BYTES, lr_corrected=False,
+                         momentum_correction=True):
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks (collective).
 
     Parameters
@@ -323,6 +325,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
         Learning-rate-corrected error feedback: a bucket's residuals are
         scaled by eta(t-1)/eta(t) when the ``lr`` of its first parameter's
         group changes (see :meth:`ccl.Communicator.set_lr`).
+    momentum_correction : bool
+        For ``torch.optim.SGD`` with momentum and a codec with error feedback
+        (default True): each rank sends the momentum of its own gradients,
+        compressed, instead of its gradient, and SGD's momentum buffer
+        becomes their average (:mod:`ccl.torch.sgd_momentum`, Deep Gradient
+        Compression's momentum correction). The codec's error then no longer
+        misses the momentum while it waits in the residual. ``.grad`` still
+        holds the averaged gradient that SGD's update implies. No effect with
+        other optimizers, exact codecs (``fp16``, ``thc``...) or ``op="sum"``.
 
     Returns
     -------
@@ -354,11 +365,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
     """
     return wrap(current(), optimizer, named_parameters, codec, algorithm,
                 backward_passes_per_step, op, fusion_threshold_bytes, min_compress_bytes,
-                lr_corrected)
+                lr_corrected, momentum_correction=momentum_correction)
 
 
 def wrap(runtime, optimizer, named_parameters, codec, algorithm, backward_passes_per_step, op,
-         fusion_threshold_bytes, min_compress_bytes, lr_corrected, groups=None):
+         fusion_threshold_bytes, min_compress_bytes, lr_corrected, groups=None,
+         momentum_correction=True):
     """:func:`DistributedOptimizer` over the ranks of ``runtime`` (collective over them).
 
     ``runtime`` is ``ccl.torch``'s, or a process set's
@@ -377,14 +389,19 @@ def wrap(runtime, optimizer, named_parameters, codec, algorithm, backward_passes
             raise ValueError("lr_corrected applies to codecs' error feedback; PowerSGD's "
                              "residuals are not lr-corrected: leave lr_corrected False")
         plan.lr_corrected = lr_corrected
+        if not isinstance(momentum_correction, bool):
+            raise TypeError("momentum_correction must be True or False, got "
+                            f"{momentum_correction!r}")
     except (TypeError, ValueError) as exc:
         error = exc
     agree(runtime.comm, "DistributedOptimizer",
-          [("arguments", plan.signature() if plan else None), ("lr_corrected", lr_corrected)],
-          error)
+          [("arguments", plan.signature() if plan else None), ("lr_corrected", lr_corrected),
+           ("momentum_correction", momentum_correction)], error)
     cls = _subclass(type(optimizer))
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._ccl = Reducer(runtime, plan)
     wrapped._ccl.optimizer = weakref.ref(wrapped)  # where lr-corrected EF reads the lr
+    if momentum_correction and applies(optimizer, plan):
+        wrapped._ccl.momentum = LocalMomentum(wrapped._ccl.optimizer)
     return wrapped

@@ -25,6 +25,7 @@ from . import checkpoint
 from .functions import from_array, to_array
 from .hooks import Bucket, BucketHooks
 from .powersgd import PowerSGDJob
+from .sgd_momentum import LocalMomentum
 
 __all__ = ["Reducer", "OWNER"]
 
@@ -63,6 +64,8 @@ class Reducer(BucketHooks):
         # the result times f after it (set by ccl.torch.horovod_optimizer)
         self.prescale = self.postscale = 1.0
         self.lock = threading.RLock()
+        # SGD's momentum corrected (ccl.torch.sgd_momentum): set by wrap() where it applies
+        self.momentum = None
         self.bucket_of, self.offset_of, self.buckets = [], [], []
         self.skip = False
         self.synced_since_step = False
@@ -128,14 +131,19 @@ class Reducer(BucketHooks):
         start = self.offset_of[i]
         view = bucket.flat[start:start + p.numel()].view(p.shape)
         with torch.no_grad():
-            if p.grad is None:
-                view.zero_()
-            else:
-                # a sparse gradient (nn.Embedding(sparse=True)) is averaged densely in
-                # its bucket and handed back sparse (see _write_back)
-                view.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
-                if self.prescale != 1.0:
-                    view.mul_(self.prescale)
+            # a sparse gradient (nn.Embedding(sparse=True)) is averaged densely in
+            # its bucket and handed back sparse (see _write_back)
+            grad = None if p.grad is None else \
+                p.grad.to_dense() if p.grad.is_sparse else p.grad
+            # with SGD's momentum corrected, this rank's momentum goes instead
+            if self.momentum is None or bucket.key is None or \
+                    not self.momentum.fold(i, p, view, grad):
+                if grad is None:
+                    view.zero_()
+                else:
+                    view.copy_(grad)
+            if self.prescale != 1.0:
+                view.mul_(self.prescale)
         return bucket
 
     def launch(self, bucket):
@@ -254,12 +262,23 @@ class Reducer(BucketHooks):
                     p.grad.copy_(values)
                     if self.postscale != 1.0:
                         p.grad.mul_(self.postscale)
+                    if self.momentum is not None:
+                        self.momentum.gradient(i, p, p.grad)
+        if self.momentum is not None:
+            self.momentum.commit([i for i in range(len(self.params)) if anywhere[i]])
+
+    def reset(self):
+        super().reset()
+        if self.momentum is not None:
+            self.momentum.drop()  # a failed step keeps the momenta it had
 
     # ----------------------------------------------------------------- state
     def state_dict(self):
         """This rank's ``"ccl"`` entry of the optimizer's state dict (:mod:`.checkpoint`)."""
         extra = {} if self.plan.powersgd is None else \
             {"powersgd": self.plan.powersgd.state_dict()}
+        if self.momentum is not None:
+            extra["momenta"] = self.momentum.state_dict(self.plan.names)
         return checkpoint.save(OWNER, rank=self.rank, size=self.size, layout=self.layout_hash,
                                steps=self.engine.steps,
                                communicators=[self.engine.communicator.state_dict()], **extra)
@@ -282,6 +301,8 @@ class Reducer(BucketHooks):
                              f"optimizer uses {self.plan.config()!r}")
         if self.plan.powersgd is not None:
             self.plan.powersgd.check_state(entry["powersgd"])
+        if self.momentum is not None and entry.get("momenta") is not None:
+            LocalMomentum.check(entry["momenta"], self.plan.names, self.params)
         return entry, checkpoint.owns(entry, self.rank, self.size, stacklevel=4)
 
     def load_state_dict(self, entry, own=True):
@@ -289,5 +310,8 @@ class Reducer(BucketHooks):
         checkpoint.restore(self.engine.communicator, entry["communicators"][0], own)
         if self.plan.powersgd is not None:
             self.plan.powersgd.load_state_dict(entry["powersgd"], own)
+        if self.momentum is not None:
+            self.momentum.load_state_dict(entry.get("momenta"), self.plan.names, self.params,
+                                          own)
         if entry["steps"] is not None:
             self.engine.steps = int(entry["steps"])
