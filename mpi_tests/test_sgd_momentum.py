@@ -93,6 +93,21 @@ def test_lossy_codecs_keep_every_rank_identical(comm, hvd, codec):
         assert opt.communication_stats()["bytes_compressed"] > 0
 
 
+def test_half_precision_parameters_are_corrected_in_the_work_dtype(comm, hvd):
+    net = model().to(torch.bfloat16)
+    opt = wrapped(net, "onebit", weight_decay=0.01)
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(10_000 * step + comm.rank)
+        x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x.to(torch.bfloat16)).float(), y).backward()
+        opt.step()
+    assert_same_on_all_ranks(comm, flat(net).float().numpy())
+    momenta = opt.state_dict()["ccl"]["momenta"]
+    assert len(momenta) == 4 and all(u.dtype == torch.float32 for u in momenta.values())
+    assert all(torch.isfinite(u).all() for u in momenta.values())
+
+
 @pytest.mark.parametrize("codec", ["onebit", "sidco"])
 def test_the_correction_changes_what_a_lossy_codec_learns(comm, hvd, codec):
     runs = []

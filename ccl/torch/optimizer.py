@@ -333,7 +333,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, codec=None, algorithm
         Compression's momentum correction). The codec's error then no longer
         misses the momentum while it waits in the residual. ``.grad`` still
         holds the averaged gradient that SGD's update implies. No effect with
-        other optimizers, exact codecs (``fp16``, ``thc``...) or ``op="sum"``.
+        other optimizers, exact codecs (``fp16``, ``bf16``) or ``op="sum"``.
 
     Returns
     -------

@@ -265,7 +265,7 @@ class Reducer(BucketHooks):
                     if self.momentum is not None:
                         self.momentum.gradient(i, p, p.grad)
         if self.momentum is not None:
-            self.momentum.commit([i for i in range(len(self.params)) if anywhere[i]])
+            self.momentum.commit(anywhere)
 
     def reset(self):
         super().reset()

@@ -92,9 +92,10 @@ class LocalMomentum:
         elif grad is None:
             torch.mul(previous.to(view), momentum, out=view)
         else:
-            torch.add(grad.to(view.dtype), previous.to(view), alpha=momentum, out=view)
+            # dtypes promote into the bucket's (no copy of a half-precision gradient)
+            torch.add(grad, previous.to(view), alpha=momentum, out=view)
         if decay:
-            view.add_(p.detach().to(view.dtype), alpha=decay)
+            view.add_(p.detach(), alpha=decay)
         new = self.spare.pop(i, None)
         if new is None:
             new = torch.empty_like(view)
@@ -124,15 +125,14 @@ class LocalMomentum:
         optimizer = self.optimizer()
         return None if optimizer is None else optimizer.state.get(p, {}).get("momentum_buffer")
 
-    def commit(self, positions):
-        """The step succeeded: keep the new momenta of ``positions`` (those averaged)."""
-        for i in positions:
-            if i in self.pending:
-                new = self.pending.pop(i)[0]
-                old = self.momenta.get(i)
-                self.momenta[i] = new
-                if old is not None:
-                    self.spare[i] = old
+    def commit(self, averaged):
+        """The step succeeded: keep the new momenta of the parameters ``averaged[i]`` says."""
+        for i in [i for i in self.pending if averaged[i]]:
+            new = self.pending.pop(i)[0]
+            old = self.momenta.get(i)
+            self.momenta[i] = new
+            if old is not None:
+                self.spare[i] = old
         self.drop()
 
     def drop(self):
