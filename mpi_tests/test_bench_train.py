@@ -40,6 +40,7 @@ def _run(comm, tmp_path, extra=()):
 
 
 @pytest.mark.mpi
+@pytest.mark.max_ranks(3)
 def test_train_rows_and_identical_starts(comm, tmp_path):
     out = _run(comm, tmp_path)
     rows = {r["method"]: r for r in out["rows"]}

@@ -16,6 +16,7 @@ PARAMETERS = 64 * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * 10 + 10
 
 
 @pytest.mark.mpi
+@pytest.mark.max_ranks(3)
 def test_horovod_rows_train_and_send_what_their_compression_sends(comm, tmp_path):
     import torch
 

@@ -18,7 +18,8 @@ from ccl.codecs import get_codec, registered_codecs  # noqa: E402
 from ccl.collectives.auto import fitting  # noqa: E402
 from ccl.testing import assert_same_on_all_ranks  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+# the torch layer above the collectives: 1-3 ranks (conftest.py says why)
+pytestmark = [pytest.mark.mpi, pytest.mark.max_ranks(3)]
 
 torch.set_num_threads(1)
 

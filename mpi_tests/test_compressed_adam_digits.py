@@ -22,7 +22,8 @@ import ccl.torch as ct  # noqa: E402
 from ccl.bench.torch_digits import accuracy, digits_shards, mlp  # noqa: E402
 from ccl.codecs import registered_codecs  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+# the torch layer above the collectives: 1-3 ranks (conftest.py says why)
+pytestmark = [pytest.mark.mpi, pytest.mark.max_ranks(3)]
 
 torch.set_num_threads(1)
 

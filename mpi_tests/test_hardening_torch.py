@@ -21,7 +21,8 @@ import ccl  # noqa: E402
 import ccl.torch as ct  # noqa: E402
 from ccl.testing import assert_same_on_all_ranks  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+# the torch layer above the collectives: 1-3 ranks (conftest.py says why)
+pytestmark = [pytest.mark.mpi, pytest.mark.max_ranks(3)]
 
 torch.set_num_threads(1)
 

@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 import ccl.torch as ct  # noqa: E402
 from ccl.transport import waits  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+# the torch layer above the collectives: 1-3 ranks (conftest.py says why)
+pytestmark = [pytest.mark.mpi, pytest.mark.max_ranks(3)]
 
 
 @pytest.fixture(autouse=True)

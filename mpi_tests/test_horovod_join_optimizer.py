@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 
 from ccl import MismatchError  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+# the torch layer above the collectives: 1-3 ranks (conftest.py says why)
+pytestmark = [pytest.mark.mpi, pytest.mark.max_ranks(3)]
 
 torch.set_num_threads(1)
 

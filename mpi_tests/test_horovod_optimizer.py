@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 import ccl  # noqa: E402
 import ccl.torch as ct  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+# the torch layer above the collectives: 1-3 ranks (conftest.py says why)
+pytestmark = [pytest.mark.mpi, pytest.mark.max_ranks(3)]
 
 torch.set_num_threads(1)
 

@@ -13,7 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.mpi
+# the torch layer above the collectives: 1-3 ranks (conftest.py says why)
+pytestmark = [pytest.mark.mpi, pytest.mark.max_ranks(3)]
 
 torch.set_num_threads(1)
 

@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 import ccl.torch as ct  # noqa: E402
 from mpi_tests.helpers.launch import ROOT  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+# the torch layer above the collectives: 1-3 ranks (conftest.py says why)
+pytestmark = [pytest.mark.mpi, pytest.mark.max_ranks(3)]
 
 
 def test_trace_holds_every_rank_and_phase(comm):

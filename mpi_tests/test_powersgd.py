@@ -25,7 +25,8 @@ from mpi_tests.test_ddp_hook import train as train_ddp  # noqa: E402
 from mpi_tests.test_compressed_adam_digits import batches  # noqa: E402
 from mpi_tests.test_torch import Net, flat_params, train  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+# the torch layer above the collectives: 1-3 ranks (conftest.py says why)
+pytestmark = [pytest.mark.mpi, pytest.mark.max_ranks(3)]
 
 torch.set_num_threads(1)
 

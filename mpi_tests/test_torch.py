@@ -20,7 +20,8 @@ from ccl.codecs import registered_codecs  # noqa: E402
 from ccl.torch.optimizer import plan_buckets  # noqa: E402
 from ccl.testing import assert_same_on_all_ranks  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+# the torch layer above the collectives: 1-3 ranks (conftest.py says why)
+pytestmark = [pytest.mark.mpi, pytest.mark.max_ranks(3)]
 
 # Several ranks share a few cores: one intra-op thread per rank is fastest.
 torch.set_num_threads(1)

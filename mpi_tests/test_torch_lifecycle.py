@@ -55,6 +55,7 @@ print("done", ct.rank(), flush=True)
 
 
 @pytest.mark.mpi
+@pytest.mark.max_ranks(3)
 def test_dropped_optimizers_free_their_communicators(comm, hvd):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
