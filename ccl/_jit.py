@@ -12,6 +12,10 @@ free data-file number: two processes saving different signatures at once
 could lose an entry or, worse, point one signature at another's code. ccl's
 kernels therefore save under an exclusive lock on a file beside the index
 (``_LockedIndex``), writing the data before the index entry that names it.
+A kernel compiled with other options than ccl's usual ones (``parallel``)
+is filed under its function's name plus those options: numba's key holds
+the signature and the CPU only, so a function's serial and parallel kernels
+would otherwise load each other's code.
 """
 
 import contextlib
@@ -175,6 +179,14 @@ class _LockedIndex(caching.IndexDataCacheFile):
     made read-only) leaves the kernel compiled but uncached.
     """
 
+    def file_apart(self, tag):
+        """File the kernels under the function's name plus ``tag`` (nothing if empty)."""
+        if tag:
+            base = self._index_name[:-len(".nbi")] + "." + tag
+            self._index_name = base + ".nbi"
+            self._index_path = os.path.join(self._cache_path, self._index_name)
+            self._data_name_pattern = base + ".{number:d}.nbc"
+
     def save(self, key, data):
         try:
             with _exclusive(self._index_path + ".lock") as locked:
@@ -232,8 +244,27 @@ def _cached(dispatcher, directory):
     plain = dispatcher._cache._cache_file
     locked = _LockedIndex.__new__(_LockedIndex)
     locked.__dict__.update(plain.__dict__)
+    locked.file_apart(_options_tag(dispatcher.targetoptions))
     dispatcher._cache._cache_file = locked
     return dispatcher
+
+
+def _options_tag(options):
+    """A short name for numba options that change the compiled code, e.g. ``parallel``.
+
+    numba files a function's kernels under the function's name and keys them
+    by signature and CPU only: two dispatchers of one function with other
+    options (``sized_kernel``'s parallel and serial variants) would share an
+    entry, and whichever compiled first would be loaded by both (the serial
+    code running as the "parallel" variant, one thread where two were given).
+    """
+    return "-".join(name if value is True else f"{name}={value}"
+                    for name, value in sorted(options.items())
+                    if value is not None and name not in _SAME_CODE)
+
+
+# options every ccl kernel has (njit's nopython, ccl's nogil): no part of the tag
+_SAME_CODE = ("nopython", "nogil")
 
 
 def kernels():

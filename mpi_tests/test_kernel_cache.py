@@ -14,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 
+import numba
+import numpy as np
 import pytest
 
 from ccl import _jit
@@ -167,6 +169,37 @@ def test_locked_index_keeps_every_entry(tmp_path):
     files[1].save("sig-b", b"b")
     assert files[0].load("sig-a") == b"a" and files[0].load("sig-b") == b"b"
 
+
+
+def _doubled(x, out):
+    for i in numba.prange(x.size):
+        out[i] = 2.0 * x[i]
+
+
+def test_parallel_and_serial_variants_are_cached_apart(tmp_path):
+    """One function's serial and parallel kernels each load their own code from the cache.
+
+    numba keys a cached kernel by signature and CPU, not by its options: the
+    serial variant saved first was once what the parallel one loaded too (a
+    cache filled by ranks with one thread each then ran every later 2-thread
+    process's "parallel" kernels on one thread, 1.4x slower to encode).
+    """
+    x = np.arange(10.0)
+
+    def in_a_new_process(**options):
+        kernel = _jit._cached(numba.njit(nogil=True, **options)(_doubled), str(tmp_path))
+        out = np.empty_like(x)
+        kernel(x, out)
+        np.testing.assert_array_equal(out, 2 * x)
+        return sum(kernel.stats.cache_hits.values()), sum(kernel.stats.cache_misses.values())
+
+    assert in_a_new_process() == (0, 1)  # the serial variant compiles and is saved
+    assert in_a_new_process(parallel=True) == (0, 1)  # compiles: the serial code is not its own
+    assert in_a_new_process(parallel=True) == (1, 0)
+    assert in_a_new_process() == (1, 0)
+    assert _jit._options_tag({"nopython": True, "nogil": True, "boundscheck": None}) == ""
+    assert _jit._options_tag({"nogil": True, "parallel": True, "fastmath": True}) == \
+        "fastmath-parallel"
 
 def test_a_folder_others_may_write_is_not_used(tmp_path, monkeypatch):
     """A cache someone else could fill with code (a shared /tmp name taken first) is refused."""
