@@ -249,6 +249,10 @@ def _cached(dispatcher, directory):
     return dispatcher
 
 
+# options every ccl kernel has (njit's nopython, ccl's nogil): no part of the tag
+_SAME_CODE = ("nopython", "nogil")
+
+
 def _options_tag(options):
     """A short name for numba options that change the compiled code, e.g. ``parallel``.
 
@@ -261,10 +265,6 @@ def _options_tag(options):
     return "-".join(name if value is True else f"{name}={value}"
                     for name, value in sorted(options.items())
                     if value is not None and name not in _SAME_CODE)
-
-
-# options every ccl kernel has (njit's nopython, ccl's nogil): no part of the tag
-_SAME_CODE = ("nopython", "nogil")
 
 
 def kernels():

@@ -14,9 +14,10 @@ Horovod's optimizer API): what they add to the collectives does not hinge on
 the rank count beyond one, two (even) and three (odd, uneven shards) ranks,
 while the collectives under them are tested at 1-5 ranks on their own. With
 more ranks than cores, their many short exchanges and threads only make the
-MPI phases slow and erratic (a 4-rank phase took 5.5 to 16 minutes). ``mpi_tests/gpu/`` is
-collected only when named on the command line (``make test-gpu-sim``): its
-conftest turns numba's CUDA simulator on, which must not happen to the rest.
+MPI phases slow and erratic (a 4-rank phase took 5.5 to 16 minutes).
+``mpi_tests/gpu/`` is collected only when named on the command line (``make
+test-gpu-sim``): its conftest turns numba's CUDA simulator on, which must not
+happen to the rest.
 
 This module imports ``ccl`` only inside hooks and fixtures, for the same
 reason: the GPU conftest must set the simulator before numba is imported.
