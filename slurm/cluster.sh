@@ -1,7 +1,8 @@
 #!/bin/bash
 # A throw-away single-node Slurm cluster for tests, on Debian/Ubuntu without systemd.
 #
-#   slurm/cluster.sh up [STATE_DIR]    install slurm-wlm + munge if missing, write slurm.conf,
+#   slurm/cluster.sh install           install slurm-wlm + munge (and libpmix) if missing, only
+#   slurm/cluster.sh up [STATE_DIR]    install them if missing, write slurm.conf,
 #                                      start munged (unless one already answers), slurmctld, slurmd
 #   slurm/cluster.sh down              cancel jobs, stop the daemons this script started,
 #                                      restore (or remove) the slurm.conf it wrote
@@ -294,9 +295,10 @@ logs() {
 }
 
 case ${1:-} in
+  install) [[ $(id -u) == 0 ]] || die "needs root (apt-get)"; install_packages ;;
   up) shift; up "$@" ;;
   down) down ;;
   status) status ;;
   logs) logs ;;
-  *) echo "usage: $0 up [STATE_DIR] | down | status | logs" >&2; exit 2 ;;
+  *) echo "usage: $0 install | up [STATE_DIR] | down | status | logs" >&2; exit 2 ;;
 esac
