@@ -81,7 +81,7 @@ install-demo: $(VENV)/.demo
 
 # The emulated cluster needs iproute2 (ip, tc); as root, install it if missing.
 install-iproute2:
-	command -v ip >/dev/null || [ "$$(id -u)" != 0 ] || \
+	@command -v ip >/dev/null || [ "$$(id -u)" != 0 ] || \
 	  (apt-get update -qq && apt-get install -y -qq iproute2) || true
 
 # test-slurm's packages (root only), installed while pip installs: after iproute2, since two

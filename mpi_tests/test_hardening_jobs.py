@@ -10,8 +10,10 @@ asserts on its output and exit status:
 * ``ccl.torch.shutdown()`` after ``MPI.Finalize()`` does nothing (#9).
 
 Generous outer timeouts only keep a broken build from hanging the suite.
+Each stuck-rank job runs once per session: the hierarchical one answers two tests.
 """
 
+import functools
 import os
 import re
 
@@ -47,14 +49,20 @@ STUCK = {
 }
 
 
-@pytest.mark.parametrize("where", sorted(STUCK))
-def test_every_wait_honours_the_timeout(where):
+@functools.cache
+def stuck_job(where):
+    """``(returncode, output)`` of the 4-rank job whose last rank is stuck at ``where``."""
     env = {"CCL_TIMEOUT": str(TIMEOUT), "CCL_LOCAL_SIZE": "2" if where == "hierarchical"
            else "", "CCL_LINK_GBPS": ""}
     result = _run("stuck_rank.py", [where, TIMEOUT], 4, env)
-    output = result.stdout + result.stderr
-    print(f"{where}: rc {result.returncode}\n{output}")
-    assert result.returncode != 0, output
+    return result.returncode, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("where", sorted(STUCK))
+def test_every_wait_honours_the_timeout(where):
+    returncode, output = stuck_job(where)
+    print(f"{where}: rc {returncode}\n{output}")
+    assert returncode != 0, output
     assert "UNEXPECTED" not in output, output
     assert "rank 3: stuck in" in output, output
     reports = re.findall(r"ccl: (.*) timed out after 3 s waiting for (.*) in (.*); ", output)
@@ -66,9 +74,7 @@ def test_every_wait_honours_the_timeout(where):
 
 
 def test_a_hierarchical_timeout_names_world_ranks():
-    env = {"CCL_TIMEOUT": str(TIMEOUT), "CCL_LOCAL_SIZE": "2"}
-    result = _run("stuck_rank.py", ["hierarchical", TIMEOUT], 4, env)
-    output = result.stdout + result.stderr
+    _, output = stuck_job("hierarchical")
     reports = re.findall(r"ccl: (.*) timed out after 3 s waiting for (.*) in (.*); ", output)
     assert reports, output
     for who, what, _ in reports:

@@ -25,13 +25,13 @@ none) and the largest weight magnitude at the end.
 import argparse
 import json
 import math
-import os
 
 import numpy as np
 from mpi4py import MPI
 
 import ccl
 from ccl.codecs import get_codec, registered_codecs
+from ccl.bench import set_torch_threads
 from ccl.bench.torch_digits import accuracy, digits_shards, mlp
 
 DEFAULT_CODECS = ("onebit", "3lc", "thc")
@@ -131,12 +131,8 @@ def main(argv=None):
     parser.add_argument("--json", help="write the runs here")
     args = parser.parse_args(argv)
 
-    import torch
-
     comm = MPI.COMM_WORLD
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local.size))
-    local.Free()
+    set_torch_threads(comm)
     specs, notes = [], []
     for name in args.codecs:
         spec = json.loads(name) if name.startswith("{") else name

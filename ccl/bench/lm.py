@@ -66,7 +66,7 @@ from .lm_diloco import add_arguments as add_diloco_arguments
 from .lm_diloco import run_diloco
 from .lm_fsdp import add_arguments as add_fsdp_arguments
 from .lm_fsdp import main_fsdp
-from .train_methods import set_torch_threads
+from . import set_torch_threads
 
 METHODS = ("adamw", "do", "cadam", "ddp")
 DEFAULT_CODECS = ("onebit", "3lc", "topk", "sidco", "dgc", "thc")

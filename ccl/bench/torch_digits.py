@@ -23,7 +23,6 @@ more about per-step overheads than about a network.
 
 import argparse
 import json
-import os
 import time
 
 import numpy as np
@@ -31,6 +30,7 @@ from mpi4py import MPI
 
 import ccl
 from ccl.codecs import get_codec, registered_codecs
+from ccl.bench import set_torch_threads
 from ccl.collectives.auto import fitting
 
 DEFAULT_CODECS = ("none", "fp16", "3lc", "thc", "onebit", "sidco")
@@ -281,9 +281,7 @@ def main(argv=None):
     import torch
 
     comm = MPI.COMM_WORLD
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local.size))
-    local.Free()
+    set_torch_threads(comm)
     specs, notes = [], []
     for name in args.codecs:
         spec = json.loads(name) if name.startswith("{") else name

@@ -38,7 +38,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import train_methods
+from . import set_torch_threads, train_methods
 from .gloo import gloo_group
 from .train_methods import METHODS, codec_ids, kind
 
@@ -328,7 +328,7 @@ def main(argv=None, comm=None):
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     args.eval_every = args.eval_every or max(1, args.steps // 20)
-    threads = train_methods.set_torch_threads(comm)
+    threads = set_torch_threads(comm)
     started = time.perf_counter()
     rows = run_methods(comm, args.methods, data, args, _Progress(comm))
     target, source = pick_target(rows, args.target)

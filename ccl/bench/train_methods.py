@@ -78,23 +78,6 @@ def check_methods(methods):
         raise ValueError(f"unknown method(s) {unknown}; known: {', '.join(METHODS)}")
 
 
-def set_torch_threads(comm):
-    """One share of this machine's cores per rank on it, for torch's intra-op pool.
-
-    The share is ccl's thread budget rule (:mod:`ccl.threads`): the rank's
-    cores over the ranks on its machine, counted by boot id, so the emulated
-    cluster's namespaces count as the one machine they share. Returns the
-    thread count set.
-    """
-    import torch
-
-    from ccl import threads
-
-    ranks = threads.ranks_on_machine(comm)
-    torch.set_num_threads(max(1, threads.available_cores() // ranks))
-    return torch.get_num_threads()
-
-
 def wrap_ddp(model, hook, powersgd_rank=POWERSGD_RANK, powersgd_start=POWERSGD_START):
     """``model`` in ``DistributedDataParallel`` (gloo), with a communication hook.
 
