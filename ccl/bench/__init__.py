@@ -24,12 +24,22 @@ def numba_threads(count):
 
 
 def set_torch_threads(comm):
-    """One share of this machine's cores per rank on it, for torch's intra-op pool.
+    """Give torch's intra-op pool one share of this machine's cores per rank on it.
 
     The share is ccl's thread budget rule (:mod:`ccl.threads`): the rank's
-    cores over the ranks on its machine, counted by boot id, so the emulated
-    cluster's namespaces count as the one machine they share. Returns the
-    thread count set.
+    cores (its affinity) over the ranks on its machine, counted by boot id,
+    so the emulated cluster's namespaces count as the one machine they
+    share.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Intracomm
+        The benchmark's ranks; every one must call (collective).
+
+    Returns
+    -------
+    int
+        The thread count torch now uses.
     """
     import torch
 
